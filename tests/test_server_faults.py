@@ -337,7 +337,7 @@ async def test_a_timer_round_that_raises_leaves_its_schedules_armed_for_their_ne
     engine = make_engine([define_schedule(name="tick", cron="* * * * *", timezone="UTC", handler=tick)])
     await engine.start()
     await _settle(engine)
-    real = engine.launcher.mark_starting
+    real = engine.launcher.placement.mark_starting
     broken = True
 
     async def mark(*args: Any, **kwargs: Any) -> Any:
@@ -345,7 +345,7 @@ async def test_a_timer_round_that_raises_leaves_its_schedules_armed_for_their_ne
             raise RuntimeError("a store reply the timers did not expect")
         return await real(*args, **kwargs)
 
-    engine.launcher.mark_starting = mark  # type: ignore[method-assign]  # fails while broken
+    engine.launcher.placement.mark_starting = mark  # type: ignore[method-assign]  # fails while broken
     clock.advance(60)  # 08:01: its round raises
     await _settle(engine)
     broken = False

@@ -6,6 +6,7 @@ with one job:
 * :mod:`~backend.scheduler.timers`: each self-triggered schedule's one armed slot, and the loop
   that fires due slots in bursts;
 * :mod:`~backend.scheduler.launcher`: the overlap policy, runs in flight, and their ledger rows;
+* :mod:`~backend.scheduler.placement`: a run's row committed before its handler starts;
 * :mod:`~backend.runtime.runner`: calls handlers (async as tasks, sync on a bounded thread pool)
   under a deadline, and decides how each call ended;
 * :mod:`~backend.scheduler.coordination.slots`: claims across instances and the slots lost to an outage;

@@ -30,8 +30,9 @@ from backend.runtime.runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocat
 from backend.runtime.runner import Outcome as CallOutcome
 from backend.safetext import in_line
 from backend.scheduler.ledger import RunLedger
+from backend.scheduler.placement import RowPlacement
 from backend.schedules import RunContext, Schedule
-from backend.store import MarksNow, Store
+from backend.store import Store
 
 if TYPE_CHECKING:
     from backend.locks import Lease, Locks
@@ -42,11 +43,6 @@ log = logging.getLogger("schedtui.engine")
 
 # slot, trigger, outcome, run id (None: a new run, its row written before it starts)
 _Queued = tuple[datetime, Trigger, Outcome, str | None]
-
-#: How long a run waits for its ``running`` row to be committed before its handler starts
-#: anyway (a store that is this slow is failing: its rows wait in the writer meanwhile).
-PLACE_WAIT_S = 2.0
-
 
 class ScheduleRun(Invocation):
     """A run of a schedule: its ledger row, and futures for whoever waits on it.
@@ -270,9 +266,8 @@ class Launcher:
         self.stopping = False
         self.stop_grace = 0.0
         """The grace of the stop under way (see :meth:`stop`)."""
-        self.placed: set[str] = set()
-        """Run ids whose ``running`` row this instance wrote before starting them (see
-        :meth:`place`) and that are not recorded finished yet."""
+        self.placement = RowPlacement(store=store, instance=instance)
+        """Writes the rows of runs launched without one before they start (see :meth:`launch`)."""
         self.jobs: Any = None
         """What handlers get as ``ctx.jobs`` (the engine's job queue actions)."""
         self.locks: Locks | None = None
@@ -280,9 +275,6 @@ class Launcher:
         self.shard_fence: Callable[[str], int | None] | None = None
         """In ``cluster`` coordination: the token of the shard holding a schedule."""
         self._turning: set[asyncio.Future[None]] = set()
-        self._batch: tuple[list[Run], asyncio.Future[bool | None]] | None = None
-        self._slow_flush: asyncio.Future[None] | None = None
-        self._mark_now = store.mark_starting_now if isinstance(store, MarksNow) else None
 
     def defined(self, schedule: Schedule) -> None:
         """Take in a schedule's definition (new, or replacing its namesake's)."""
@@ -372,12 +364,12 @@ class Launcher:
 
         ``run_id`` is the id of a run whose ``running`` row is in the store already (a
         claim's, or one written by :meth:`place`). Without it the run is new: its row is
-        written first (runs launched in the same loop iteration share one transaction),
-        and its handler starts once that row is committed, so a handler that kills its
+        written first (see :mod:`~backend.scheduler.placement`), and its handler starts
+        once that row is committed, so a handler that kills its
         process still leaves its run in the ledger, to be closed as abandoned."""
         if run_id is None:
             scheduled = ScheduleRun(self, schedule, self.new_id(), slot, trigger, outcome)
-            placed = self._place_soon(scheduled.run)
+            placed = self.placement.soon(scheduled.run)
             scheduled.gate = asyncio.ensure_future(self._shown(scheduled, placed)) if scheduled.run.held else placed
             # Under single, a timed run launched without an id is a catch-up's, whose slots
             # wait for each other (or in the queue): each reads what other processes run.
@@ -493,73 +485,6 @@ class Launcher:
         if await asyncio.shield(placed) is False and not scheduled.done:
             why = "its row could not be committed, so no other process could count it in flight"
             scheduled.settle(CallOutcome("failed", self.clock.now(), TAG_UNAVAILABLE, f"not started: {why}"))
-
-    def place(self, runs: list[Run]) -> asyncio.Future[bool | None]:
-        """Hand the ``running`` rows of runs about to start to the store now; the future
-        resolves once they are committed (after :data:`PLACE_WAIT_S` at most, and at once
-        while the store is that slow: their rows then wait in the writer). A Run now's row
-        holds its schedule's turn (:attr:`Run.held`), and a store that decides turns with
-        locks commits it under its schedule's (see :meth:`Store.take_turn`): no other
-        instance decides a turn of it from a view without that row."""
-        self.placed.update(run.id for run in runs)
-        self.store.save_runs(runs)
-        return asyncio.ensure_future(self._committed())
-
-    async def mark_starting(self, slot: datetime) -> None:
-        """Commit the store's mark that this instance starts the runs due at ``slot`` (see
-        :meth:`Store.mark_starting`), waiting as :meth:`place` does (or not at all, when
-        the store can commit it at once)."""
-        if self._mark_now is not None and self._mark_now(self.instance, slot):
-            return
-        await self._committed(lambda: self.store.mark_starting(self.instance, slot))
-
-    async def _committed(self, write: Callable[[], Awaitable[None]] | None = None) -> bool | None:
-        """Wait for ``write`` (default: a flush of the rows handed in) to commit, at most
-        :data:`PLACE_WAIT_S`, and not at all while the store is failing or that slow. True
-        once committed, False when the store refused it (or is failing), None when it has
-        not answered yet (slow)."""
-        if not self.store.health().ok:
-            return False  # the store says why, once; its rows wait in the writer
-        if self._slow_flush is not None:
-            if not self._slow_flush.done():
-                return None
-            self._slow_flush = None
-        flush = asyncio.ensure_future(write() if write is not None else self.store.flush())
-        done, _ = await asyncio.wait({flush}, timeout=PLACE_WAIT_S)
-        if not done:
-            self._slow_flush = flush
-            flush.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, never raised
-            log.warning(
-                "the store did not commit within %gs: runs start without their row committed first "
-                "(their rows wait in the writer) until it does",
-                PLACE_WAIT_S,
-            )
-            return None
-        if flush.exception() is not None:
-            log.warning("could not commit the rows of runs about to start (%s); starting them anyway", flush.exception())
-            return False
-        return True
-
-    def _place_soon(self, run: Run) -> asyncio.Future[bool | None]:
-        """Add ``run``'s row to the batch written at the end of this loop iteration. The
-        future is the whole batch's: await it shielded (a run stopped alone as it waits
-        must not cancel it under the others, which would then fail as cancelled)."""
-        if self._batch is None:
-            self._batch = ([], asyncio.get_running_loop().create_future())
-            asyncio.ensure_future(self._place_batch())
-        rows, gate = self._batch
-        rows.append(run)
-        return gate
-
-    async def _place_batch(self) -> None:
-        await asyncio.sleep(0)  # let the rest of this iteration's launches join the batch
-        assert self._batch is not None
-        (rows, gate), self._batch = self._batch, None
-        committed: bool | None = False
-        try:
-            committed = await self.place(rows)
-        finally:
-            gate.set_result(committed)  # (never cancelled: each run awaits it shielded)
 
     def close(
         self,

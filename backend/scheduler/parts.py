@@ -124,7 +124,7 @@ def build_schedule_parts(
 
     def finished(run: Run) -> None:
         claims.claimed.discard(run.id)  # claims.finished(), inlined: once per run
-        launcher.placed.discard(run.id)
+        launcher.placement.placed.discard(run.id)
         launcher.turns.discard(run.id)
         launcher.waited.discard(run.id)
 
@@ -165,7 +165,7 @@ def build_schedule_parts(
         """A run (or backfill) this process is responsible for: never abandoned by it."""
         return (
             id_ in launcher.active
-            or id_ in launcher.placed
+            or id_ in launcher.placement.placed
             or id_ in claims.claimed
             or id_ in backfills.jobs
             or any(subsystem.is_ours(id_) for subsystem in subsystems)

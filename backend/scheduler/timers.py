@@ -281,7 +281,7 @@ class Timers:
                     # committed mark lets a survivor record them if this process dies (a
                     # handler calling os._exit). One small write, not a thousand rows
                     # before the first start.
-                    await self.launcher.mark_starting(due[-1][1])  # the latest slot: due is in slot order
+                    await self.launcher.placement.mark_starting(due[-1][1])  # the latest slot: due is in slot order
                     busy = await claims.busy_elsewhere([(schedule, slot) for schedule, slot, _ in due])
                     await self._fire_owned(self._with_ids(due), outcome, busy)
         finally:

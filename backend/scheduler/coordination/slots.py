@@ -32,7 +32,8 @@ from backend.runtime.liveness import WorkLease
 from backend.runtime.loops import Loops
 from backend.runtime.outages import OutageLog
 from backend.scheduler.coordination.cluster import ClusterCoordinator, ClusterStore
-from backend.scheduler.launcher import PLACE_WAIT_S, Launcher
+from backend.scheduler.launcher import Launcher
+from backend.scheduler.placement import PLACE_WAIT_S
 from backend.schedules import Schedule
 
 if TYPE_CHECKING:
