@@ -26,6 +26,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from datetime import datetime
+from typing import cast
 
 from backend.safetext import printable, redact
 
@@ -240,6 +241,36 @@ def _class_name(obj: object) -> str:
     return str.__str__(_CLASS_NAME.__get__(type(obj)))
 
 
+#: How many of an exception group's leaves its description names (the traceback has all).
+GROUP_LEAVES_SHOWN = 3
+_GROUP_EXCEPTIONS = BaseExceptionGroup.__dict__["exceptions"]
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> str:
+    """The exceptions an exception group holds, nested groups flattened, as ``Tag:
+    message`` (what a TaskGroup's ``unhandled errors in a TaskGroup (1 sub-exception)``
+    alone does not say); the first :data:`GROUP_LEAVES_SHOWN`, then how many more."""
+    found: list[BaseException] = []
+    pending: list[tuple[BaseException, int]] = [(group, 0)]
+    while pending:
+        exc, depth = pending.pop()
+        if issubclass(type(exc), BaseExceptionGroup) and depth < 20:
+            try:  # (the real attribute: a subclass may fake or break its own)
+                inner = tuple(_GROUP_EXCEPTIONS.__get__(exc))
+            except BaseException:  # noqa: BLE001 - describing a failure must not fail
+                inner = ()
+            pending.extend((leaf, depth + 1) for leaf in reversed(inner))
+        elif exc is not group:
+            found.append(exc)
+    shown = []
+    for leaf in found[:GROUP_LEAVES_SHOWN]:
+        tag = _class_name(leaf)
+        text = _text(leaf, str)[0]
+        shown.append(f"{tag}: {text}" if text else tag)
+    more = len(found) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more" if more else "") if shown else "(no exception inside)"
+
+
 def _text(exc: BaseException, how: Callable[[object], str]) -> tuple[str | None, str | None]:
     """``how(exc)`` (``str`` or ``repr``) as a plain str, or the class of what it raised."""
     try:
@@ -269,6 +300,8 @@ def describe_exception(exc: BaseException) -> tuple[str, str, str]:
             message = f"{shown} (its str() raised {str_failed})"
         else:
             message = f"{tag} (its str() raised {str_failed}, its repr() {repr_failed})"
+    if issubclass(type(exc), BaseExceptionGroup):  # (isinstance would ask exc.__class__, which may raise)
+        message = f"{message}: {_leaves(cast(BaseExceptionGroup[BaseException], exc))}"
     try:
         trace = "".join(traceback.format_exception(exc))
     except BaseException:  # noqa: BLE001 - its attributes (notes, cause, …) would not format

@@ -56,6 +56,19 @@ def count(name: str, value: Any = None) -> Callable[..., Any]:
     return step
 
 
+def fails_first(name: str, failures: int, value: Any) -> Callable[..., Any]:
+    """A step function that raises ``RuntimeError(name)`` on its first ``failures`` calls,
+    then returns ``value``, counting its calls (``CALLS[name]``)."""
+
+    def step(*args: Any) -> Any:
+        CALLS[name] += 1
+        if CALLS[name] <= failures:
+            raise RuntimeError(name)
+        return value
+
+    return step
+
+
 @pytest.fixture(autouse=True)
 def _fresh_calls() -> None:
     CALLS.clear()
@@ -1692,12 +1705,7 @@ async def test_gathered_steps_run_at_once_and_a_retrys_wait_waits_for_the_others
     go of a step still running (the next claim would run it again beside itself)."""
     slow = Held("slow", "slow")
 
-    def flaky() -> str:
-        CALLS["flaky"] += 1
-        if CALLS["flaky"] < 3:
-            raise RuntimeError("transient")
-        return "flaky"
-
+    flaky = fails_first("flaky", 2, "flaky")
     async def body(ctx: DurableContext, input: Any) -> Any:
         return await asyncio.gather(
             ctx.step("slow", slow), ctx.step("flaky", flaky, retry=Retry(attempts=3, initial_delay=1, max_delay=1))
@@ -1731,12 +1739,7 @@ async def test_a_step_reached_while_another_waits_to_leave_the_code_does_not_sta
     go); it runs after the wait, on the next claim."""
     slow, go = Held("slow", "slow"), asyncio.Event()
 
-    def flaky() -> str:
-        CALLS["flaky"] += 1
-        if CALLS["flaky"] == 1:
-            raise RuntimeError("transient")
-        return "flaky"
-
+    flaky = fails_first("flaky", 1, "flaky")
     async def body(ctx: DurableContext, input: Any) -> Any:
         async def later() -> Any:
             await go.wait()
@@ -1789,6 +1792,41 @@ async def test_gathered_steps_that_finished_before_a_crash_are_not_run_again(
     assert (CALLS["one"], CALLS["held"], CALLS["three"], CALLS["after"]) == (1, 2, 1, 1)
     # Each its own position; held, run again after the crash, takes one after those recorded.
     assert [(step.seq, step.name) for step in done.steps or []] == [(1, "one"), (3, "three"), (4, "held"), (5, "after")]
+
+
+async def test_a_task_group_whose_step_failed_cancels_its_sibling_step_which_a_retry_runs_again(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Steps in an ``asyncio.TaskGroup``: one fails for good, the group cancels the other
+    in flight. The cancelled step is not recorded finished (its work did not end), the
+    execution fails naming the step's error, and a retry runs both again; a step that had
+    finished before is not run again."""
+    slow, broken = Held("slow", "slow"), fails_first("broken", 1, "mended")
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        first = await ctx.step("first", count("first", 1))
+        async with asyncio.TaskGroup() as group:
+            waited = group.create_task(ctx.step("slow", slow))
+            await asyncio.sleep(0)  # (slow starts first)
+            failing = group.create_task(ctx.step("broken", broken, retry=False))
+        return [first, waited.result(), failing.result()]
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    failed = await engine.durable.get(started.id)
+    assert (failed.status, failed.error_tag) == ("failed", "ExceptionGroup")
+    assert failed.error_message == (
+        'unhandled errors in a TaskGroup (1 sub-exception): StepFailed: step "broken" (position 3) failed (one attempt): '
+        "RuntimeError: broken"
+    )
+    assert {(step.name, step.status) for step in failed.steps or []} == {("first", "succeeded"), ("broken", "failed")}
+    slow.release.set()
+    await engine.durable.retry(started.id)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", [1, "slow", "mended"])
+    assert (CALLS["first"], CALLS["slow"], CALLS["broken"]) == (1, 2, 2)
 
 
 async def test_an_execution_failed_with_a_step_in_flight_ends_once_that_step_has_returned(

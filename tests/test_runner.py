@@ -444,6 +444,57 @@ def test_describing_an_exception_never_raises_and_tags_it_with_its_class(odd: ty
     assert trace.startswith("Traceback (most recent call last):") and "in test_describing" in trace
 
 
+def test_an_exception_group_is_described_by_what_it_holds() -> None:
+    """A TaskGroup's failure says only ``unhandled errors in a TaskGroup (1 sub-exception)``:
+    its description names the exceptions inside (nested groups flattened), the first
+    three, then how many more; odd ones inside are described as they would be alone."""
+
+    class FakedExceptions(ExceptionGroup):
+        @property
+        def exceptions(self) -> Any:
+            raise RuntimeError("no exceptions for you")
+
+    def described(exc: BaseException) -> tuple[str, str]:
+        try:
+            raise exc
+        except BaseException as raised:  # noqa: BLE001 - the exception under test
+            tag, message, _ = describe_exception(raised)
+        return tag, message
+
+    one = ExceptionGroup("unhandled errors in a TaskGroup", [RuntimeError("broken")])
+    assert described(one) == ("ExceptionGroup", "unhandled errors in a TaskGroup (1 sub-exception): RuntimeError: broken")
+    nested = ExceptionGroup("outer", [ValueError("bad"), ExceptionGroup("inner", [KeyError("k"), OSError()]), TypeError("t")])
+    assert described(nested) == ("ExceptionGroup", "outer (3 sub-exceptions): ValueError: bad; KeyError: 'k'; OSError; and 1 more")
+    base = BaseExceptionGroup("stopping", [KeyboardInterrupt(), *(odd() for odd in ODD_EXCEPTIONS)])
+    tag, message = described(base)
+    assert tag == "BaseExceptionGroup" and message.startswith("stopping (9 sub-exceptions): KeyboardInterrupt; StrRaises;")
+    assert message.endswith("; and 6 more")
+    faked = FakedExceptions("faked", [RuntimeError("hidden")])
+    assert described(faked) == ("FakedExceptions", "faked (1 sub-exception): RuntimeError: hidden")
+
+
+async def test_a_handler_whose_task_group_failed_records_what_failed_inside(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    async def fetch(part: int) -> None:
+        if part == 2:
+            raise ConnectionError("part 2: the server hung up")
+        await asyncio.Event().wait()  # cancelled by the group when part 2 fails
+
+    async def handler(ctx: RunContext) -> None:
+        async with asyncio.TaskGroup() as group:
+            for part in range(3):
+                group.create_task(fetch(part))
+
+    engine = make_engine([schedule(handler)])
+    await engine.start()
+    clock.advance(60)
+    await asyncio.wait_for(engine.quiesce(), 10)
+    [run] = await all_runs(engine, "job")
+    assert (run.status, run.error_tag) == ("failed", "ExceptionGroup")
+    assert run.error_message == "unhandled errors in a TaskGroup (1 sub-exception): ConnectionError: part 2: the server hung up"
+
+
 @pytest.mark.parametrize("kind", ["async", "sync"])
 @pytest.mark.parametrize("odd", ODD_EXCEPTIONS, ids=tag_of)
 async def test_an_exception_that_cannot_be_described_still_fails_its_run_at_once(
