@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from textual.actions import parse
 from textual.binding import Binding, BindingType
 
-import backend.client.interface  # noqa: F401 - declaring Backend declares the actions
+import backend.client.operations  # noqa: F401 - importing it declares the actions
 from backend.client.actions import Action, action_of
 
 __all__ = ["Key", "action_key", "bindings", "method_name"]

@@ -127,15 +127,23 @@ def remote_over(backend: Backend, *, read_only: bool = False) -> RemoteBackend:
     return RemoteBackend("http://schedtui.test", TOKEN, read_only=read_only, transport=transport)
 
 
-def test_every_backend_action_is_declared_and_every_declaration_is_one() -> None:
-    members = {name for name, value in vars(Backend).items() if inspect.isfunction(value) and not name.startswith("_")}
-    declared = {name for name in members if hasattr(vars(Backend)[name], "action")}
+def test_every_backend_action_is_declared_once_in_its_systems_module() -> None:
+    # Backend's members, its own and those of each system's class it inherits.
+    members: dict[str, Any] = {}
+    for klass in Backend.__mro__:
+        for name, value in vars(klass).items():
+            if klass.__module__.startswith("backend.client.") and inspect.isfunction(value) and not name.startswith("_"):
+                assert name not in members, f"{name} is written in two classes"
+                members[name] = value
+    declared = {name for name, value in members.items() if hasattr(value, "action")}
     assert declared == set(ACTIONS)
-    assert members - declared == NOT_ACTIONS
+    assert set(members) - declared == NOT_ACTIONS
     for name, action in ACTIONS.items():
-        assert vars(Backend)[name].action is action is action_of(name)
+        assert getattr(Backend, name).action is action is action_of(name)
         assert action.summary and action.permission in ("read", "operate")
         assert action.system in ("schedules", "jobs", "durable", "locks", "audit", "alerts", "fleet", "health")
+        # Where an action is: backend/client/operations/<its system>.py.
+        assert members[name].__module__ == f"backend.client.operations.{action.system}", name
 
 
 def test_no_backend_has_code_of_its_own_for_an_action() -> None:

@@ -1,5 +1,6 @@
-"""The operator actions, each declared once: the typed method of
-:class:`~backend.client.interface.Backend` that carries :func:`action` is the declaration.
+"""How an operator action is declared once: a typed method that carries :func:`action`, in
+its system's class in :mod:`backend.client.operations`, which
+:class:`~backend.client.interface.Backend` inherits, is the declaration.
 
 From a method's signature (``typing.Annotated`` metadata for limits), its docstring and the
 decorator's arguments, :func:`action` builds an :class:`Action`: its name, parameters,
@@ -13,7 +14,7 @@ result, permission, audit name, danger and HTTP form. Everything else is derived
 * the HTTP API (:mod:`backend.api.routes`) mounts a route per action, parses and checks
   its parameters, and documents it in ``/openapi.json``.
 
-This module holds no action itself; :data:`ACTIONS` is filled as ``Backend`` is defined.
+This module holds no action itself; :data:`ACTIONS` is filled as :mod:`backend.client.operations` is imported.
 """
 
 from __future__ import annotations
@@ -371,12 +372,12 @@ class Action:
 
 
 ACTIONS: dict[str, Action] = {}
-"""Every action by name (the method's name on ``Backend``), filled as ``Backend`` is defined."""
+"""Every action by name (the method's name on ``Backend``), filled as its system's class is defined."""
 
 
 def action_of(name: str) -> Action:
     """The declaration of the action ``name``; ``KeyError`` for a name that is none. (The
-    actions are declared as :mod:`backend.client.interface` is imported.)"""
+    actions are declared as :mod:`backend.client.operations` is imported.)"""
     return ACTIONS[name]
 
 
