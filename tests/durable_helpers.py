@@ -57,7 +57,7 @@ async def crash(engine: Engine) -> None:
     drives = set(executor._drives)
     if drives:
         await asyncio.wait(drives, timeout=10)
-    engine._opened = False  # stop() at the end has nothing left to do
+    engine.life.opened = False  # stop() at the end has nothing left to do
 
 
 async def settle(engine: Engine) -> None:

@@ -1920,7 +1920,7 @@ async def test_a_part_failing_to_stop_still_closes_the_store(
     monkeypatch.setattr(engine.durable, "stop", broken)
     with caplog.at_level("ERROR"):
         await engine.stop(grace=0)
-    assert not engine._opened  # the store was closed: nothing is left to outlive the loop
+    assert not engine.life.opened  # the store was closed: nothing is left to outlive the loop
     assert any("stop failed (test)" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
 
 

@@ -22,6 +22,7 @@ with one job:
 * :mod:`~backend.scheduler.reads`: the schedule views, run pages and upcoming slots it answers with;
 * :mod:`~backend.activity`: the recent activity per schedule and queue, and each schedule's lateness;
 * :mod:`~backend.scheduler.lifecycle`: the order in which the parts open, start, keep house and stop;
+* :mod:`~backend.scheduler.lifetime`: where the engine is in its one life, on which loop, in which process;
 * :mod:`~backend.scheduler.ledger` and :mod:`~backend.runtime.loops`: recording runs, and the background
   tasks with the bookkeeping that lets :meth:`Engine.quiesce` say "nothing left to do".
 
@@ -55,7 +56,7 @@ from backend.alerts.system import Alerts, AlertSettings
 from backend.clock import Clock, SystemClock, follows_real_time
 from backend.definitions import Definitions
 from backend.durable import Durable, DurableFunction
-from backend.errors import BadInput, EngineStopped, Unavailable
+from backend.errors import BadInput, Unavailable
 from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.events.relay import Relay
@@ -85,6 +86,7 @@ from backend.scheduler.engine_reads import EngineReads
 from backend.scheduler.external import ExternalFires
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger, RunListener
+from backend.scheduler.lifetime import Lifetime
 from backend.scheduler.parts import CoreParts, build_schedule_parts
 from backend.scheduler.reads import ScheduleReads
 from backend.scheduler.registry import InstanceRegistry
@@ -237,8 +239,8 @@ class Engine(EngineReads, EngineActions):
         self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
         self.clock: Clock = clock or SystemClock()
         self.instance = names.take_default_name(self) if instance is None else instance
-        self._named_in = os.getpid() if instance is None else None
-        """The process whose pid the default name carries (see :meth:`open`)."""
+        self.life = Lifetime(named_in=os.getpid() if instance is None else None)
+        """Where this engine is in its one life (opened, started, stopped), and on which loop."""
         self.default_trigger = default_trigger
         self.allow_external_self = False
         """Whether :meth:`fire_external` fires schedules on their own timer too (``serve
@@ -248,19 +250,10 @@ class Engine(EngineReads, EngineActions):
         self.shutdown_grace = shutdown_grace
         self.new_id = ids or IdFactory(self.clock.now)
         self.states = ScheduleStates(self.store, self.schedules)
-        self._opened = False
-        self._started = False
         self._beating = False
         """Whether this engine, opened but not started, keeps its heartbeat (see :meth:`hold_lease_here`)."""
         self._holding = asyncio.Lock()
         """Held while :meth:`hold_lease_here` writes the heartbeat (two Run nows at once wait for one)."""
-        self._stopping = False
-        self._stopped = False
-        """Stopped once: an engine is not started again (its parts are made for one life)."""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._pid = os.getpid()
-        self._starting: asyncio.Future[None] | None = None
-        """A start in flight: a stop meanwhile waits for it, then stops what it started."""
 
         self.loops = Loops(self.clock)
         self.ledger = RunLedger(self.store)
@@ -449,7 +442,7 @@ class Engine(EngineReads, EngineActions):
 
     @property
     def started(self) -> bool:
-        return self._started and not self._stopping
+        return self.life.running
 
     @property
     def coordinator(self) -> Coordinator:
@@ -472,17 +465,10 @@ class Engine(EngineReads, EngineActions):
     # ------------------------------------------------------------------------------------
     async def open(self) -> None:
         """Open the store, register this instance, close what dead processes left running."""
-        if self._opened:
+        if self.life.opened:
             return
         self.check_running("open")
-        if self._named_in is not None and self._named_in != os.getpid():
-            # Made before a fork (gunicorn --preload, a multiprocessing pool): every child
-            # would go by the parent's name, and take each other's work for their own.
-            raise BadInput(
-                f"this engine was made in process {self._named_in} and is opened in process {os.getpid()} (a fork): "
-                f'its default instance name, "{self.instance}", is the first one\'s; make the engine after the fork, '
-                "or give it instance=…"
-            )
+        self.life.check_not_forked(self.instance)
         names.hold(self.store.where, self.instance, self)  # (InUse: another engine here has it)
         self.loops.reset()
         try:
@@ -490,7 +476,7 @@ class Engine(EngineReads, EngineActions):
         except BaseException:
             names.let_go(self.store.where, self.instance, self)
             raise
-        self._opened = True  # from here on, stop() closes the store
+        self.life.opened = True  # from here on, stop() closes the store
         self.run_logs.open()
         await lifecycle.open_engine(self)
 
@@ -502,12 +488,13 @@ class Engine(EngineReads, EngineActions):
         halfway undoes what it did (the store's firing lock, its registration), and may be
         tried again; a :meth:`stop` while it runs waits for it, then stops."""
         self.check_running("start")
-        if self._starting is not None:  # (started from two tasks at once: one start)
-            await asyncio.shield(self._starting)
+        life = self.life
+        if life.starting is not None:  # (started from two tasks at once: one start)
+            await asyncio.shield(life.starting)
             return
-        if self._started:
+        if life.started:
             return
-        starting = self._starting = asyncio.get_running_loop().create_future()
+        starting = life.starting = asyncio.get_running_loop().create_future()
         try:
             # One firing process per embedded store, whatever the coordination (claims
             # coordinate the engines of one process: no lease fences another process):
@@ -515,74 +502,56 @@ class Engine(EngineReads, EngineActions):
             # process already fires it.
             await self.store.take_firing_lock(self.instance, claims=self.claims.coordinator.needs_claims)
             await self.open()
-            self._started = True
-            self._loop, self._pid = asyncio.get_running_loop(), os.getpid()
+            life.began()
             await lifecycle.join_fleet(self)
             await lifecycle.record_code_timings(self)
             lifecycle.start_engine(self)
         except BaseException:
-            self._starting = None  # (its stop must not wait for this start)
+            life.starting = None  # (its stop must not wait for this start)
             await asyncio.shield(self._undo_start())
             raise
         finally:
-            self._starting = None
+            life.starting = None
             starting.set_result(None)
 
     async def _undo_start(self) -> None:
         """A start failed or was cancelled: let go of what it took. The engine is then as
         if never started: it may start again (the console retries a store not up yet)."""
         try:
-            if self._opened:
+            if self.life.opened:
                 await self.stop(grace=0)
             else:  # (the firing lock, taken before the store opened)
                 await self.store.close()
         except Exception as exc:  # (the start's own error is the one to raise)
             log.error("undoing a failed start: %s", exc, exc_info=exc)
-        self._started = self._stopped = self._stopping = False
+        self.life.started = self.life.stopped = self.life.stopping = False
 
     def check_running(self, action: str) -> None:
         """Refuse ``action`` on an engine that has stopped (or is stopping, or was started
-        on an event loop that has ended, or in a process forked since): it would run work no
-        one records."""
-        if self._started and self._pid != os.getpid():
-            raise BadInput(
-                f"cannot {action}: this engine was started in process {self._pid} and is used in process "
-                f"{os.getpid()}, forked from it since: its timers, workers and connections are that process's; "
-                "make (and start) the engine after the fork"
-            )
-        if self._stopped or self._stopping:
-            raise EngineStopped(
-                f"cannot {action}: this engine has {'stopped' if self._stopped else 'begun to stop'} "
-                "(an Engine runs once; make a new one to run again)"
-            )
-        if self._started and self._loop is not None and self._loop is not _running_loop():
-            raise EngineStopped(
-                f"cannot {action}: this engine was started on another event loop"
-                f"{' (it has ended)' if self._loop.is_closed() else ''}; an Engine runs on the loop it started on"
-            )
+        on an event loop that has ended, or in a process forked since): see :class:`Lifetime`."""
+        self.life.check_running(action)
 
     def check_open(self, action: str) -> None:
         """:meth:`check_running`, and refuse ``action`` on an engine not opened yet."""
-        self.check_running(action)
-        if not self._opened:
-            raise EngineStopped(f"cannot {action}: this engine is not open (start() or open() it first)")
+        self.life.check_open(action)
 
     async def stop(self, grace: float | timedelta | None = None) -> None:
         """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
         grace = self.shutdown_grace if grace is None else check_seconds(grace, "grace", high=_DAY, zero=True)
-        if self._starting is not None:  # a start in flight: stop what it starts, once it has
+        life = self.life
+        if life.starting is not None:  # a start in flight: stop what it starts, once it has
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._starting)
-        if not self._opened or self._stopping:
+                await asyncio.shield(life.starting)
+        if not life.opened or life.stopping:
             return
-        self._stopping = True
+        life.stopping = True
         self.launcher.stopping, self.launcher.stop_grace = True, grace
         await lifecycle.stop_engine(self, grace)
-        self._opened = self._beating = False
-        if not self._started:
+        life.opened = self._beating = False
+        if not life.started:
             self.lease.enforced = False  # (an observer opened again holds none until it runs a handler)
-        self._stopped = self._started  # (one only opened, a client, may open again)
-        self._stopping = self._stopped
+        life.stopped = life.started  # (one only opened, a client, may open again)
+        life.stopping = life.stopped
         if not self.runner.lingering:  # (else its row stays, and so does its name: see stop_engine)
             names.let_go(self.store.where, self.instance, self)
 
@@ -599,7 +568,7 @@ class Engine(EngineReads, EngineActions):
         started holds a lease from now on, as a member does (see
         :func:`lifecycle.hold_observer_lease`); one that holds it already renews it first
         if it lapsed (cut off from the store since its last Run now)."""
-        if self._started:
+        if self.life.started:
             return
         async with self._holding:
             if self._beating and self.lease.fresh():
@@ -640,7 +609,7 @@ class Engine(EngineReads, EngineActions):
         ``runs=False`` it waits only for the engine's own loops (timers, watchdog,
         housekeeping, catch-ups) to have handled the new time and the handlers they started
         to have begun, not for handlers to finish."""
-        assert self._opened, "open() the engine first"
+        assert self.life.opened, "open() the engine first"
 
         async def flush() -> None:
             await self.flush()
@@ -667,9 +636,3 @@ class Engine(EngineReads, EngineActions):
         """Close runs (and backfills) left ``running`` by instances that are gone."""
         return await self.registry.close_abandoned()
 
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None

@@ -28,6 +28,7 @@ from backend.model import (
 from backend.scheduler.catalog import Catalog
 from backend.scheduler.coordination.cluster import Cluster, ClusterStore, shard_owners
 from backend.scheduler.coordination.slots import SlotClaims
+from backend.scheduler.lifetime import Lifetime
 from backend.scheduler.reads import ScheduleReads, find_schedule, is_schedule_name, no_runs_of
 from backend.scheduler.registry import InstanceRegistry
 from backend.scheduler.states import ScheduleStates
@@ -58,7 +59,7 @@ class EngineReads:
     locks: Locks
     cluster: Cluster | None
     coordination_given: bool
-    _started: bool
+    life: Lifetime
 
     # -- the fleet's coordination, and what this process fires -----------------------------
     def code_timings(self) -> dict[str, tuple[str, str, str]]:
@@ -79,7 +80,7 @@ class EngineReads:
         fires; for one left to the store's default that does not fire (a CLI verb, a
         ``connect()`` client, a console waiting for another mode's fleet), the mode the live
         firing members record, if any fires."""
-        if self.coordination_given or (self._started and self.registry.role != "waiting"):
+        if self.coordination_given or (self.life.started and self.registry.role != "waiting"):
             return self.coordination
         return await self.registry.fleet_mode(self.clock.now()) or self.coordination
 
