@@ -432,7 +432,7 @@ async def test_a_run_in_flight_when_a_firing_console_quits_keeps_its_log(
     grace printed onto the terminal, and its log stopped at the quit."""
     import contextlib
 
-    from console.cli.main import _run_console
+    from console.cli.tui import _run_console
 
     started, quit_ = asyncio.Event(), asyncio.Event()
 
