@@ -1641,6 +1641,129 @@ async def test_a_sleep_or_a_wait_beside_a_step_in_progress_fails_the_execution_i
     assert CALLS["slow"] == 1
 
 
+def waiting_branches(gate: asyncio.Event) -> Callable[..., Any]:
+    """Code of two gathered branches whose steps never run at once: ``a`` waits for
+    ``gate`` (anything but a step: a message, another task's result) before its one step,
+    ``b`` runs two; each logs around its steps. Which branch reaches its steps first
+    depends on when ``gate`` opens: on a replay, whose recorded steps answer at once, it
+    opens sooner."""
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        async def a() -> Any:
+            await gate.wait()
+            ctx.log("a before a0")
+            value = await ctx.step("a0", count("a0", "a0"))
+            ctx.log("a after a0")
+            return value
+
+        async def b() -> Any:
+            ctx.log("b before b0")
+            first = await ctx.step("b0", count("b0", "b0"))
+            ctx.log("b before b1")
+            second = await ctx.step("b1", count("b1", "b1"))
+            ctx.log("b after b1")
+            return [first, second]
+
+        values = await asyncio.gather(a(), b())
+        ctx.log("gathered")
+        await ctx.sleep("nap", 60)
+        ctx.log("after the nap")
+        return values
+
+    return body
+
+
+#: In the order written: each line with the checkpoint of the next step its branch reaches
+#: (a branch's last lines with the next step any branch reaches after it ended).
+WAITING_BRANCH_LINES = ["b before b0", "b before b1", "b after b1", "a before a0", "a after a0", "gathered", "after the nap"]
+
+
+async def test_branches_whose_steps_never_ran_at_once_replay_in_another_order(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The first time through, ``b`` ran both its steps before ``a`` reached its own; after
+    the nap, the replay reaches ``a0`` first. Its steps are found by name: the execution
+    ends as the code says (it failed ``nondeterministic``: ``a0`` reached at position 1,
+    recorded at 3), no step runs twice, and each line is in the log once."""
+    gate = asyncio.Event()
+    engine = engines([define_durable(name="f", handler=waiting_branches(gate))])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce(runs=False)
+    gate.set()
+    await engine.quiesce()
+    clock.advance(61)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.error_message, done.output) == ("succeeded", None, ["a0", ["b0", "b1"]])
+    assert [(step.seq, step.name) for step in done.steps or []] == [(1, "b0"), (2, "b1"), (3, "a0"), (4, "nap")]
+    assert (CALLS["a0"], CALLS["b0"], CALLS["b1"]) == (1, 1, 1)
+    assert [line.message for line in done.logs or [] if line.message in WAITING_BRANCH_LINES] == WAITING_BRANCH_LINES
+
+
+async def test_a_branchs_line_logged_before_a_crash_is_written_once_whatever_order_the_replay_takes(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """``b``'s steps are recorded; ``a`` waits for its gate, a line of its own logged only
+    once the gate opens. The instance dies first; the next claim's replay, its gate open,
+    reaches ``a``'s line first, while recorded positions lie ahead: each branch's lines go
+    by that branch's next step (``a0``, new: written; ``b0``, recorded: written before), so
+    none is lost and none is written twice."""
+    gate = asyncio.Event()
+    first = engines([define_durable(name="f", handler=waiting_branches(gate))], instance="first")
+    await first.start()
+    started = await first.durable.start_execution("f")
+    await first.quiesce(runs=False)
+    assert (CALLS["b0"], CALLS["b1"], CALLS["a0"]) == (1, 1, 0)
+    await crash(first)
+    gate.set()
+    second = engines([define_durable(name="f", handler=waiting_branches(gate))], instance="second")
+    await second.start()
+    clock.advance(60)  # past the first's lease
+    await second.quiesce()
+    clock.advance(61)  # past the nap
+    await second.quiesce()
+    done = await second.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", ["a0", ["b0", "b1"]])
+    assert (CALLS["a0"], CALLS["b0"], CALLS["b1"]) == (1, 1, 1)
+    mine = [line.message for line in done.logs or [] if line.message in WAITING_BRANCH_LINES]
+    assert sorted(mine) == sorted(WAITING_BRANCH_LINES), mine
+
+
+async def test_a_line_logged_before_a_step_goes_with_that_steps_checkpoint_not_a_siblings(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Two branches gathered, each logging a line before its step. The fast one's checkpoint
+    commits while the slow one still runs, and the instance dies: the slow branch's line
+    did not go with its sibling's checkpoint (the replay, which runs that step again, logs
+    it again), so each line is in the log once."""
+    held = Held("held", "held")
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        async def slow() -> Any:
+            ctx.log("before held")
+            return await ctx.step("held", held)
+
+        async def fast() -> Any:
+            ctx.log("before fast")
+            return await ctx.step("fast", count("fast", "fast"))
+
+        return await asyncio.gather(slow(), fast())
+
+    a = engines([define_durable(name="f", handler=body)], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f")
+    await a.quiesce(runs=False)
+    running = await a.durable.get(started.id)
+    assert [(step.name, step.status) for step in running.steps or []] == [("fast", "succeeded")]
+    b = await taken_over(engines, clock, a, held, body)
+    done = await b.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", ["held", "fast"])
+    assert (CALLS["held"], CALLS["fast"]) == (2, 1)
+    lines = [line.message for line in done.logs or []]
+    assert (lines.count("before held"), lines.count("before fast")) == (1, 1), lines
+
+
 async def test_branches_of_steps_gathered_replay_by_name_whatever_order_their_steps_were_reached_in(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:

@@ -31,6 +31,8 @@ which is the manual clock. After every rule:
   at-most-once step did, when the answer was its own started mark's);
 * step outputs replay identically: at each position, every run of an execution's code
   saw the same value;
+* (at the end) the line the code logs before a step is in the log exactly once when that
+  step is recorded;
 * every execution ends, or waits with a reason (what for, until when).
 
 At the end every execution must have finished, once the instances are thawed and the
@@ -225,6 +227,7 @@ async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
     for position, (kind, arg) in enumerate(plan):
         name = f"p{position}"
         value: Any = None
+        ctx.log(f"before {name}")  # (see lines_before_recorded_steps_are_written_once)
         if kind in ("step", "amo"):
             steps.append(name)
         if kind == "step":
@@ -255,7 +258,9 @@ async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
             steps.extend([f"{name}a0", f"{name}a1", f"{name}b0", f"{name}b1"])
 
             async def branch(i: int, name: str = name, fails: int = arg) -> list[Any]:
+                ctx.log(f"before {name}a{i}")
                 first = await ctx.step(f"{name}a{i}", slow if i == 0 else page, ctx.id, f"{name}a{i}", 3 if i == 0 else 0, ctx.fence)
+                ctx.log(f"before {name}b{i}")
                 second = await ctx.step(f"{name}b{i}", page, ctx.id, f"{name}b{i}", fails if i == 1 else 0, ctx.fence,
                                         retry=Retry(attempts=4, initial_delay=5, max_delay=5))  # fmt: skip
                 return [first, second]
@@ -766,6 +771,32 @@ class DurableFleet(RuleBasedStateMachine):
         for key, values in WORLD.seen.items():
             assert len(values) == 1, f"position {key} saw {sorted(values)}"
 
+    def lines_before_recorded_steps_are_written_once(self) -> None:
+        """Each step the code reached (but those of a gather or a fan, logged before it as
+        one) has a line logged just before it, ``before NAME``: of a step that is recorded,
+        that line is in the log, and at most once between two retries of the execution
+        (a retry runs its failed step again, from the line before it), whatever crashes,
+        lost answers and take-overs came between, and in whatever order replays reached
+        the branches."""
+        engine = self.acting
+        assert engine is not None
+        for id_ in self.ids:
+            execution = self.run(engine.durable.get(id_))
+            lines = [line.message for line in execution.logs or []]
+            stretches: list[list[str]] = [[]]
+            for line in lines:
+                if line.startswith("retried by "):
+                    stretches.append([])
+                stretches[-1].append(line)
+            for step in execution.steps or []:
+                if step.kind == "step" and not step.name.endswith(("s", "t", "f", "m")):  # (gathered: one line)
+                    line = f"before {step.name}"
+                    counts = [stretch.count(line) for stretch in stretches]
+                    assert sum(counts) >= 1 and max(counts) == 1, (
+                        f"{id_}: the line before {step.name} ({step.status}) is in its log {counts} times "
+                        f"(between retries): {lines}"
+                    )
+
     @invariant()
     def every_execution_ends_or_waits_with_a_reason(self) -> None:
         engine = self.acting
@@ -829,6 +860,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.an_at_most_once_step_runs_at_most_once()
         self.a_stale_lease_never_writes_nor_runs()
         self.step_outputs_replay_identically()
+        self.lines_before_recorded_steps_are_written_once()
 
 
 class DurableFleetOnPostgres(DurableFleet):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 from backend.durable.definition import DEFAULT_RETRY, NO_RETRY, Retry
 from backend.durable.errors import StepFailed
 from backend.durable.model import MAX_LIFETIME, SAME_AS_JSON, TAG_AT_MOST_ONCE_INTERRUPTED, TAG_NOT_JSON, decode, encode
-from backend.durable.store import LOG_LINES, Progress, StepRecord
+from backend.durable.store import Progress, StepRecord
 from backend.inputs import is_async_callable
 from backend.model import TAG_INTERRUPTED
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Outcome, RunnerSaturated
@@ -101,19 +101,14 @@ class DurableContext:
         return self._run.row.created_at
 
     def log(self, message: str) -> None:
-        """Add a line to the execution's log (written with its next checkpoint; of a chatty
-        stretch between two, only the newest :data:`LOG_LINES` can ever be read: the older
-        are not held). The code runs again from its start on every claim, replaying its
-        recorded steps: a line it writes before a step that is recorded was written the
-        first time through, and is not written again (where steps ran at once, a line
-        between them may be)."""
-        run = self._run
-        if run.position + 1 in run.recorded:
-            return  # replaying: the checkpoint of that step wrote this line
-        logs = run.logs
-        logs.append(str(message)[:MAX_LOG_LINE])
-        if len(logs) > 2 * LOG_LINES:
-            del logs[:-LOG_LINES]
+        """Add a line to the execution's log (written in the transaction that records the
+        next step, sleep or wait its task reaches, or with the end; of a chatty stretch
+        between two, only the newest :data:`LOG_LINES` can ever be read: the older are not
+        held). The code runs again from its start on every claim, replaying its recorded
+        steps: a line it writes before a step that is recorded was written the first time
+        through, and is not written again; one before a step that is not was not, and is.
+        Where steps run at once, each branch's lines go by that branch's next step."""
+        self._run.hold_line(str(message)[:MAX_LOG_LINE])
 
     # -- the timeline ----------------------------------------------------------------------
     async def step(
@@ -225,13 +220,13 @@ class DurableContext:
             what = f"[{outcome.error_tag}] {outcome.error_message}"
             if not last_attempt:
                 wake = outcome.at + policy.delay_after(attempt)
-                run.logs.append(
+                run.note(
                     f'step "{name}" attempt {attempt} of {policy.attempts} failed: {what}; next attempt at {wake.isoformat()}'
                 )
                 waiting = StepRecord(position, name, "step", "waiting", attempt, started, outcome.at, wake_at=wake,
                                      error_tag=outcome.error_tag, error_message=outcome.error_message, gathered=run.by_name)  # fmt: skip
                 await run.suspend(f"retry:{name}", wake, waiting, step=name)
-            run.logs.append(f'step "{name}" failed (attempt {attempt} of {policy.attempts}): {what}')
+            run.note(f'step "{name}" failed (attempt {attempt} of {policy.attempts}): {what}')
             failed = StepRecord(position, name, "step", "failed", attempt, started, outcome.at, error_tag=outcome.error_tag,
                                 error_message=outcome.error_message, at_most_once=at_most_once, gathered=run.by_name)  # fmt: skip
             await run.checkpoint(failed, outcome.at)
