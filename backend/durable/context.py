@@ -108,7 +108,7 @@ class DurableContext:
         steps: a line it writes before a step that is recorded was written the first time
         through, and is not written again; one before a step that is not was not, and is.
         Where steps run at once, each branch's lines go by that branch's next step."""
-        self._run.hold_line(str(message)[:MAX_LOG_LINE])
+        self._run.lines.hold(str(message)[:MAX_LOG_LINE])
 
     # -- the timeline ----------------------------------------------------------------------
     async def step(
@@ -220,13 +220,13 @@ class DurableContext:
             what = f"[{outcome.error_tag}] {outcome.error_message}"
             if not last_attempt:
                 wake = outcome.at + policy.delay_after(attempt)
-                run.note(
+                run.lines.note(
                     f'step "{name}" attempt {attempt} of {policy.attempts} failed: {what}; next attempt at {wake.isoformat()}'
                 )
                 waiting = StepRecord(position, name, "step", "waiting", attempt, started, outcome.at, wake_at=wake,
                                      error_tag=outcome.error_tag, error_message=outcome.error_message, gathered=run.by_name)  # fmt: skip
                 await run.suspend(f"retry:{name}", wake, waiting, step=name)
-            run.note(f'step "{name}" failed (attempt {attempt} of {policy.attempts}): {what}')
+            run.lines.note(f'step "{name}" failed (attempt {attempt} of {policy.attempts}): {what}')
             failed = StepRecord(position, name, "step", "failed", attempt, started, outcome.at, error_tag=outcome.error_tag,
                                 error_message=outcome.error_message, at_most_once=at_most_once, gathered=run.by_name)  # fmt: skip
             await run.checkpoint(failed, outcome.at)

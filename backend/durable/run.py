@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from backend.durable.definition import DurableFunction
 from backend.durable.departure import Departure, Wait
 from backend.durable.errors import Cancelled, Ended, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
+from backend.durable.lines import ExecutionLines
 from backend.durable.model import (
     MAX_LIFETIME,
     TAG_CANCELLED,
@@ -33,7 +34,7 @@ from backend.durable.model import (
     decode,
     encode,
 )
-from backend.durable.store import LOG_LINES, Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write
+from backend.durable.store import Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write
 from backend.errors import Unavailable
 from backend.model import TAG_INTERRUPTED, TAG_TIMEOUT
 from backend.runtime.runner import Invocation, Outcome
@@ -151,18 +152,8 @@ class ExecutionRun:
         self.pending: list[StepRecord] = []
         """Checkpoints that need no commit of their own (a sleep or wait found over): they
         go with the next write."""
-        self.logs: list[tuple[str | None, str]] = []
-        """Log lines to write, in the order they came: each with the name of the step whose
-        checkpoint carries it (a line the code logged before that step: written if and only
-        if that step's record is, in one transaction, so a replay knows), or ``None``, the
-        engine's own notes, written with the next write of any kind."""
-        self.held_lines: dict[asyncio.Task[Any], list[str]] = {}
-        """Lines the code logged on each of its tasks since that task last reached a step,
-        sleep or wait: they go to :attr:`logs` when the task reaches its next one, unless
-        that one is recorded (a checkpoint committed after they were logged wrote them: the
-        code replays), and when the code ends; an ended task's go with the next one any
-        task reaches. Decided per task, this holds where steps run at once and a replay
-        reaches them in another order (see :meth:`hold_line`)."""
+        self.lines = ExecutionLines(lambda task: task in self._tasks)
+        """Its log lines on their way to the store, and which write carries each."""
         self.seen: dict[str, int] = {}
         self.position = 0
         self.current_step: str | None = None
@@ -196,18 +187,18 @@ class ExecutionRun:
         if row.was == "running" and row.was_instance == executor.instance:
             # A process under the same name (a restart with a fixed --instance) or this one,
             # back from a freeze or a partition: nobody else took it.
-            self.note(
+            self.lines.note(
                 f"claimed again by {executor.instance} (lease {row.lease}): its lease had expired "
                 "(the process of this name that held it stopped renewing it: killed, frozen or cut off)"
             )
         elif row.was == "running":
-            self.note(
+            self.lines.note(
                 f"taken over by {executor.instance} (lease {row.lease}): the lease of {row.was_instance} had expired"
             )
         elif row.was_instance is not None and row.was_instance != executor.instance:
-            self.note(f"resumed on {executor.instance} (lease {row.lease})")
+            self.lines.note(f"resumed on {executor.instance} (lease {row.lease})")
         elif row.lease == 1 and not start_logged:
-            self.note(started_on(executor.instance))
+            self.lines.note(started_on(executor.instance))
 
     @property
     def now(self) -> datetime:
@@ -244,7 +235,7 @@ class ExecutionRun:
         if isinstance(ending, Released):
             await self._end(Suspend("queued", self.current_step), note=f"released: {self.executor.instance} is stopping")
             return
-        self.release_held_lines()
+        self.lines.release()
         if isinstance(ending, Fatal):
             finish = Finish(
                 "failed", ending.step, error_tag=ending.tag, error_message=ending.message, failed_step=ending.failed_step
@@ -274,9 +265,9 @@ class ExecutionRun:
 
     async def _end(self, then: Finish | Suspend, note: str | None = None) -> None:
         if note:
-            self.note(note)
+            self.lines.note(note)
         if isinstance(then, Finish):
-            self.note(f"{then.status}" + (f": [{then.error_tag}] {then.error_message}" if then.error_tag else ""))
+            self.lines.note(f"{then.status}" + (f": [{then.error_tag}] {then.error_message}" if then.error_tag else ""))
         try:
             await self.write(then)
         except LeaseLost:
@@ -453,60 +444,9 @@ class ExecutionRun:
                 name,
                 f'"{name}" at position {position} is recorded as a {record.kind} but was reached as a {kind}',
             )
-        if self.held_lines:
-            self._decide_lines(task, name, record is not None)
+        if self.lines.held:
+            self.lines.reached(task, name, record is not None)
         return position, record
-
-    def _decide_lines(self, task: asyncio.Task[Any] | None, name: str, recorded: bool) -> None:
-        """``task`` reached the step, sleep or wait ``name``, ``recorded`` or not: the lines
-        it holds, and those of the code's tasks that ended since (a gathered branch's last
-        lines, which belong to what comes after it, as the lines after a gather do), go
-        with ``name``'s checkpoint, or are dropped if it is recorded: its checkpoint wrote
-        them the first time through."""
-        held_lines = self.held_lines
-        lines = [line for other in [t for t in held_lines if t.done()] for line in held_lines.pop(other)]
-        if task is not None:
-            lines += held_lines.pop(task, ())
-        if lines and not recorded:
-            self.add_lines(lines, name)
-
-    def note(self, text: str) -> None:
-        """A line of the engine's own about this execution: written with the next write."""
-        self.logs.append((None, text))
-
-    def hold_line(self, line: str) -> None:
-        """A line the code logged (:meth:`DurableContext.log`): held until its task reaches
-        its next step (see :attr:`held_lines`). One logged inside a step in progress on its
-        task, or on a step's thread, goes with the next checkpoint: that step is not
-        recorded yet, and a replay does not run it again."""
-        try:
-            task = current_task()
-        except RuntimeError:  # (a step's function on a thread)
-            task = None
-        if task is None or task in self._tasks:
-            self.add_lines((line,), None)
-            return
-        held = self.held_lines.setdefault(task, [])
-        held.append(line)
-        if len(held) > 2 * LOG_LINES:
-            del held[:-LOG_LINES]
-
-    def add_lines(self, lines: Sequence[str], step: str | None) -> None:
-        """Lines the code logged, to write with ``step``'s checkpoint (``None``: with the next
-        write); of a chatty stretch, only the newest :data:`LOG_LINES` are kept (only those
-        can ever be read)."""
-        logs = self.logs
-        logs.extend((step, line) for line in lines)
-        if len(logs) > 2 * LOG_LINES:
-            del logs[:-LOG_LINES]
-
-    def release_held_lines(self) -> None:
-        """The code has ended: the lines its tasks still hold, and those of steps whose
-        checkpoint was never written (left in flight, cancelled), are written with its end."""
-        for lines in self.held_lines.values():
-            self.add_lines(lines, None)
-        self.held_lines.clear()
-        self.logs = [(None, text) for _, text in self.logs]
 
     def _beside(self, name: str, kind: str, task: asyncio.Task[Any] | None) -> None:
         """``name`` is reached while others are in progress: another step beside steps is
@@ -575,21 +515,13 @@ class ExecutionRun:
         wait to go. Raises :class:`LeaseLost` (and stops the run) when the store refuses
         it or cannot be reached."""
         pending = [*self.pending, *steps] if self.pending else steps
-        taken = self.logs
-        lines: Sequence[str] = ()
-        if taken:  # the engine's notes, and the code's lines before the steps recorded here
-            names = {record.name for record in pending}
-            kept = [entry for entry in taken if entry[0] is not None and entry[0] not in names]
-            if kept:
-                taken = [entry for entry in taken if entry[0] is None or entry[0] in names]
-            self.logs = kept
-            lines = [text for _, text in taken]
+        taken, lines = self.lines.take(pending)  # the engine's notes, and the code's lines before these steps
         write = Write(self.id, self.lease, now or self.clock.now(), then, pending, lines)
         self.writing += 1
         try:
             cancel = await self.store.durable_write(write)
         except Unavailable as exc:
-            self.logs = [*taken, *self.logs]
+            self.lines.put_back(taken)
             self.lose(f"the store cannot be reached to checkpoint ({exc})")
             raise LeaseLost(str(exc)) from None
         finally:
