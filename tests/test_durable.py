@@ -1952,6 +1952,40 @@ async def test_a_task_group_whose_step_failed_cancels_its_sibling_step_which_a_r
     assert (CALLS["first"], CALLS["slow"], CALLS["broken"]) == (1, 2, 2)
 
 
+async def test_an_at_most_once_step_a_task_group_cancelled_is_left_to_a_person(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """An at-most-once step in flight is cancelled by its ``TaskGroup`` when a sibling
+    fails: it may have happened. A retry does not call it again but fails
+    ``at_most_once_interrupted`` naming it; a second retry (a person knows it did not
+    happen) calls it."""
+    charge, broken = Held("charge", "charged"), fails_first("broken", 1, "mended")
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        async with asyncio.TaskGroup() as group:
+            charged = group.create_task(ctx.step("charge", charge, at_most_once=True))
+            await asyncio.sleep(0)  # (charge starts first)
+            mended = group.create_task(ctx.step("broken", broken, retry=False))
+        return [charged.result(), mended.result()]
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    failed = await engine.durable.get(started.id)
+    assert (failed.status, failed.error_tag, CALLS["charge"]) == ("failed", "ExceptionGroup", 1)
+    charge.release.set()
+    await engine.durable.retry(started.id)
+    await engine.quiesce()
+    interrupted = await engine.durable.get(started.id)
+    assert (interrupted.status, interrupted.error_tag, CALLS["charge"]) == ("failed", "at_most_once_interrupted", 1)
+    assert 'step "charge"' in (interrupted.error_message or "") and "or the code cancelled it" in (interrupted.error_message or "")
+    await engine.durable.retry(started.id)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output, CALLS["charge"], CALLS["broken"]) == ("succeeded", ["charged", "mended"], 2, 2)
+
+
 async def test_an_execution_failed_with_a_step_in_flight_ends_once_that_step_has_returned(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:

@@ -154,7 +154,7 @@ class DurableContext:
                     raise run.fatal(
                         TAG_AT_MOST_ONCE_INTERRUPTED,
                         f'at-most-once step "{name}" (position {position}) started at {when} and never finished '
-                        "(its instance stopped or lost the execution); it is not run again",
+                        "(its instance stopped or lost the execution, or the code cancelled it); it is not run again",
                         name,
                     )
                 if record.status == "waiting":  # a failed attempt waiting for its retry
