@@ -40,6 +40,7 @@ from tests import pg
 from tests.durable_helpers import crash, durable_url, engines  # noqa: F401 - fixtures
 from tests.late_answers import LateAnswer, lapse_and_renew
 from tests.odd_exceptions import ODD_EXCEPTIONS, StrRaises, tag_of
+from tests.servers import until as until_true
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -1595,6 +1596,17 @@ class Held:
         return self.value
 
 
+async def until_recorded(engine: Engine, id_: str, *steps: tuple[str, str]) -> None:
+    """Wait until the execution's recorded steps are ``steps`` (name, status): a
+    ``quiesce(runs=False)`` does not wait for the answer of a checkpoint in flight."""
+
+    async def shown() -> bool:
+        execution = await engine.durable.get(id_)
+        return {(step.name, step.status) for step in execution.steps or []} == set(steps)
+
+    await until_true(shown, f"the steps recorded to be {sorted(steps)}")
+
+
 async def taken_over(
     engines: Callable[..., Engine], clock: ManualClock, a: Engine, held: Held, body: Callable[..., Any]
 ) -> Engine:
@@ -1641,12 +1653,12 @@ async def test_a_sleep_or_a_wait_beside_a_step_in_progress_fails_the_execution_i
     assert CALLS["slow"] == 1
 
 
-def waiting_branches(gate: asyncio.Event) -> Callable[..., Any]:
+def waiting_branches(gate: asyncio.Event, b_ended: asyncio.Event) -> Callable[..., Any]:
     """Code of two gathered branches whose steps never run at once: ``a`` waits for
     ``gate`` (anything but a step: a message, another task's result) before its one step,
-    ``b`` runs two; each logs around its steps. Which branch reaches its steps first
-    depends on when ``gate`` opens: on a replay, whose recorded steps answer at once, it
-    opens sooner."""
+    ``b`` runs two, then sets ``b_ended``; each logs around its steps. Which branch reaches
+    its steps first depends on when ``gate`` opens: on a replay, whose recorded steps
+    answer at once, it opens sooner."""
 
     async def body(ctx: DurableContext, input: Any) -> Any:
         async def a() -> Any:
@@ -1662,6 +1674,7 @@ def waiting_branches(gate: asyncio.Event) -> Callable[..., Any]:
             ctx.log("b before b1")
             second = await ctx.step("b1", count("b1", "b1"))
             ctx.log("b after b1")
+            b_ended.set()
             return [first, second]
 
         values = await asyncio.gather(a(), b())
@@ -1685,11 +1698,11 @@ async def test_branches_whose_steps_never_ran_at_once_replay_in_another_order(
     the nap, the replay reaches ``a0`` first. Its steps are found by name: the execution
     ends as the code says (it failed ``nondeterministic``: ``a0`` reached at position 1,
     recorded at 3), no step runs twice, and each line is in the log once."""
-    gate = asyncio.Event()
-    engine = engines([define_durable(name="f", handler=waiting_branches(gate))])
+    gate, b_ended = asyncio.Event(), asyncio.Event()
+    engine = engines([define_durable(name="f", handler=waiting_branches(gate, b_ended))])
     await engine.start()
     started = await engine.durable.start_execution("f")
-    await engine.quiesce(runs=False)
+    await b_ended.wait()  # (quiesce does not wait for a checkpoint's answer in flight)
     gate.set()
     await engine.quiesce()
     clock.advance(61)
@@ -1709,15 +1722,15 @@ async def test_a_branchs_line_logged_before_a_crash_is_written_once_whatever_ord
     reaches ``a``'s line first, while recorded positions lie ahead: each branch's lines go
     by that branch's next step (``a0``, new: written; ``b0``, recorded: written before), so
     none is lost and none is written twice."""
-    gate = asyncio.Event()
-    first = engines([define_durable(name="f", handler=waiting_branches(gate))], instance="first")
+    gate, b_ended = asyncio.Event(), asyncio.Event()
+    first = engines([define_durable(name="f", handler=waiting_branches(gate, b_ended))], instance="first")
     await first.start()
     started = await first.durable.start_execution("f")
-    await first.quiesce(runs=False)
+    await b_ended.wait()  # (b1's checkpoint answered: quiesce does not wait for it)
     assert (CALLS["b0"], CALLS["b1"], CALLS["a0"]) == (1, 1, 0)
     await crash(first)
     gate.set()
-    second = engines([define_durable(name="f", handler=waiting_branches(gate))], instance="second")
+    second = engines([define_durable(name="f", handler=waiting_branches(gate, b_ended))], instance="second")
     await second.start()
     clock.advance(60)  # past the first's lease
     await second.quiesce()
@@ -1753,9 +1766,7 @@ async def test_a_line_logged_before_a_step_goes_with_that_steps_checkpoint_not_a
     a = engines([define_durable(name="f", handler=body)], instance="a")
     await a.start()
     started = await a.durable.start_execution("f")
-    await a.quiesce(runs=False)
-    running = await a.durable.get(started.id)
-    assert [(step.name, step.status) for step in running.steps or []] == [("fast", "succeeded")]
+    await until_recorded(a, started.id, ("fast", "succeeded"))
     b = await taken_over(engines, clock, a, held, body)
     done = await b.durable.get(started.id)
     assert (done.status, done.output) == ("succeeded", ["held", "fast"])
@@ -1784,10 +1795,8 @@ async def test_branches_of_steps_gathered_replay_by_name_whatever_order_their_st
     a = engines([define_durable(name="f", handler=body)], instance="a")
     await a.start()
     started = await a.durable.start_execution("f")
-    await a.quiesce(runs=False)
-    first = await a.durable.get(started.id)
-    assert {(step.name, step.status) for step in first.steps or []} == {
-        ("fetch-0", "succeeded"), ("fetch-1", "succeeded"), ("store-1", "succeeded")}  # store-0 in flight
+    await until_recorded(a, started.id, ("fetch-0", "succeeded"), ("fetch-1", "succeeded"), ("store-1", "succeeded"))
+    # (store-0 in flight)
     b = await taken_over(engines, clock, a, held, body)
     done = await b.durable.get(started.id)
     assert (done.status, done.output) == ("succeeded", ["stored 0", "stored 1"])
