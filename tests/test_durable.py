@@ -25,6 +25,7 @@ import pytest
 from backend import BadInput, DefinitionError, Engine, ManualClock, NotFound, Refused, Unavailable, define_schedule
 from backend.definitions import discover_definitions
 from backend.durable import DurableContext, Retry, Started, StepFailed, define_durable, execution_id_for_slot
+from backend.durable.lines import ExecutionLines
 from backend.durable.store import (
     LOG_LINES,
     DurableStore,
@@ -1773,6 +1774,66 @@ async def test_a_line_logged_before_a_step_goes_with_that_steps_checkpoint_not_a
     assert (CALLS["held"], CALLS["fast"]) == (2, 1)
     lines = [line.message for line in done.logs or []]
     assert (lines.count("before held"), lines.count("before fast")) == (1, 1), lines
+
+
+async def test_a_line_logged_inside_a_gathered_steps_function_goes_with_that_steps_checkpoint_not_a_siblings(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Two steps gathered; the slow one's function logs a line, then waits. The fast one's
+    checkpoint commits, and the instance dies before the slow one's does: the line did not
+    go with its sibling's checkpoint (the replay, which runs that step again, logs it
+    again), so it is in the log once."""
+    held = Held("held", "held")
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        async def logs_then_waits() -> Any:
+            ctx.log("inside held")
+            return await held()
+
+        return await asyncio.gather(ctx.step("held", logs_then_waits), ctx.step("fast", count("fast", "fast")))
+
+    a = engines([define_durable(name="f", handler=body)], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f")
+    await until_recorded(a, started.id, ("fast", "succeeded"))
+    b = await taken_over(engines, clock, a, held, body)
+    done = await b.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", ["held", "fast"])
+    assert (CALLS["held"], CALLS["fast"]) == (2, 1)
+    assert [line.message for line in done.logs or []].count("inside held") == 1, done.logs
+
+
+async def test_a_line_logged_on_a_sync_steps_thread_or_in_a_task_its_function_started_goes_with_that_step() -> None:
+    """Where a step's function logs from (the thread a sync one runs on, a task an async one
+    starts), the line goes with that step's record, not with a write of another step's,
+    and a line handed over from a thread comes before what the thread returns."""
+    lines = ExecutionLines()
+
+    def on_the_thread() -> str:
+        lines.hold("on the thread")
+        return "returned"
+
+    async def child() -> None:
+        lines.hold("in a task it started")
+
+    async def function() -> None:
+        await asyncio.create_task(child())
+
+    assert await asyncio.to_thread(lines.on_thread, "sync", on_the_thread, ()) == "returned"
+    assert lines.entries == [("sync", "on the thread")]  # (handed over before the thread's return was)
+    token = lines.inside("async")
+    try:
+        await function()
+    finally:
+        lines.outside(token)
+    lines.hold("the code's own")  # (held by its task until it reaches a step)
+    at = datetime(2026, 3, 2, tzinfo=UTC)
+
+    def record(name: str) -> StepRecord:
+        return StepRecord(1, name, "step", "succeeded", 1, at, at)
+
+    assert lines.take([record("sibling")])[1] == []
+    assert lines.take([record("sync"), record("async")])[1] == ["on the thread", "in a task it started"]
 
 
 async def test_branches_of_steps_gathered_replay_by_name_whatever_order_their_steps_were_reached_in(

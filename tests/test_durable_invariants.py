@@ -32,7 +32,8 @@ which is the manual clock. After every rule:
 * step outputs replay identically: at each position, every run of an execution's code
   saw the same value;
 * (at the end) the line the code logs before a step is in the log exactly once when that
-  step is recorded;
+  step is recorded; so is the line a slow step's function logs inside it, once an attempt
+  (steps at once: a sibling's checkpoint never carries it);
 * every execution ends, or waits with a reason (what for, until when).
 
 At the end every execution must have finished, once the instances are thawed and the
@@ -119,6 +120,8 @@ class World:
         self.started: dict[tuple[str, str], list[int]] = defaultdict(list)
         self.committed: dict[tuple[str, str], int] = {}
         self.amo: set[tuple[str, str]] = set()
+        self.slow: set[tuple[str, str]] = set()
+        """(execution, step) whose function is :func:`slow`, which logs a line inside it."""
         self.lease: dict[str, int] = {}
         self.committed_lease: dict[str, int] = {}
         """The newest lease of each execution whose claim the store has answered (as soon as
@@ -209,9 +212,11 @@ async def page(execution: str, step: str, fails: int, lease: int) -> str:
     return f"{step}#{next(WORLD.seq)}"  # a new value on every call: a re-run would show
 
 
-async def slow(execution: str, step: str, seconds: int, lease: int) -> str:
-    """A step that takes ``seconds`` of the clock: its owner holds the execution meanwhile."""
+async def slow(execution: str, step: str, seconds: int, lease: int, log: Callable[[str], None]) -> str:
+    """A step that takes ``seconds`` of the clock: its owner holds the execution meanwhile.
+    It logs ``inside STEP`` as it starts (see lines_inside_recorded_steps_are_written_once)."""
     token = begin(execution, step, lease)
+    log(f"inside {step}")
     try:
         assert WORLD.clock is not None
         await WORLD.clock.sleep_until(WORLD.clock.now() + timedelta(seconds=seconds))
@@ -240,17 +245,21 @@ async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
             value = await ctx.step(name, page, ctx.id, name, 0, ctx.fence, at_most_once=True)
         elif kind == "slow":
             steps.append(name)
-            value = await ctx.step(name, slow, ctx.id, name, arg, ctx.fence)
+            WORLD.slow.add((ctx.id, name))
+            value = await ctx.step(name, slow, ctx.id, name, arg, ctx.fence, ctx.log)
         elif kind == "gather":
             steps.extend([f"{name}s", f"{name}t"])
+            WORLD.slow.add((ctx.id, f"{name}s"))
             value = await asyncio.gather(
-                ctx.step(f"{name}s", slow, ctx.id, f"{name}s", arg, ctx.fence), ctx.step(f"{name}t", page, ctx.id, f"{name}t", 0, ctx.fence)
+                ctx.step(f"{name}s", slow, ctx.id, f"{name}s", arg, ctx.fence, ctx.log),
+                ctx.step(f"{name}t", page, ctx.id, f"{name}t", 0, ctx.fence),
             )
         elif kind == "fan":
             steps.extend([f"{name}s", f"{name}f", f"{name}m"])
             WORLD.amo.add((ctx.id, f"{name}m"))
+            WORLD.slow.add((ctx.id, f"{name}s"))
             value = await asyncio.gather(
-                ctx.step(f"{name}s", slow, ctx.id, f"{name}s", 12, ctx.fence),
+                ctx.step(f"{name}s", slow, ctx.id, f"{name}s", 12, ctx.fence, ctx.log),
                 ctx.step(f"{name}f", page, ctx.id, f"{name}f", arg, ctx.fence, retry=Retry(attempts=4, initial_delay=5, max_delay=5)),
                 ctx.step(f"{name}m", page, ctx.id, f"{name}m", 0, ctx.fence, at_most_once=True),
             )
@@ -259,7 +268,11 @@ async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
 
             async def branch(i: int, name: str = name, fails: int = arg) -> list[Any]:
                 ctx.log(f"before {name}a{i}")
-                first = await ctx.step(f"{name}a{i}", slow if i == 0 else page, ctx.id, f"{name}a{i}", 3 if i == 0 else 0, ctx.fence)
+                if i == 0:
+                    WORLD.slow.add((ctx.id, f"{name}a0"))
+                    first = await ctx.step(f"{name}a0", slow, ctx.id, f"{name}a0", 3, ctx.fence, ctx.log)
+                else:
+                    first = await ctx.step(f"{name}a1", page, ctx.id, f"{name}a1", 0, ctx.fence)
                 ctx.log(f"before {name}b{i}")
                 second = await ctx.step(f"{name}b{i}", page, ctx.id, f"{name}b{i}", fails if i == 1 else 0, ctx.fence,
                                         retry=Retry(attempts=4, initial_delay=5, max_delay=5))  # fmt: skip
@@ -797,6 +810,29 @@ class DurableFleet(RuleBasedStateMachine):
                         f"(between retries): {lines}"
                     )
 
+    def lines_inside_recorded_steps_are_written_once(self) -> None:
+        """A slow step's function logs ``inside NAME`` as it starts: of such a step that
+        succeeded, that line is in the log, and between two retries of the execution at
+        most once an attempt, though its first attempts may have been cut short by a crash,
+        a take-over or a lost answer, and a sibling's checkpoint committed meanwhile."""
+        engine = self.acting
+        assert engine is not None
+        for id_ in self.ids:
+            execution = self.run(engine.durable.get(id_))
+            lines = [line.message for line in execution.logs or []]
+            stretches: list[list[str]] = [[]]
+            for line in lines:
+                if line.startswith("retried by "):
+                    stretches.append([])
+                stretches[-1].append(line)
+            for step in execution.steps or []:
+                if (id_, step.name) in WORLD.slow and step.status == "succeeded":
+                    counts = [stretch.count(f"inside {step.name}") for stretch in stretches]
+                    assert sum(counts) >= 1 and max(counts) <= step.attempt, (
+                        f"{id_}: the line inside {step.name} (attempt {step.attempt}) is in its log {counts} times "
+                        f"(between retries): {lines}"
+                    )
+
     @invariant()
     def every_execution_ends_or_waits_with_a_reason(self) -> None:
         engine = self.acting
@@ -861,6 +897,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.a_stale_lease_never_writes_nor_runs()
         self.step_outputs_replay_identically()
         self.lines_before_recorded_steps_are_written_once()
+        self.lines_inside_recorded_steps_are_written_once()
 
 
 class DurableFleetOnPostgres(DurableFleet):

@@ -107,7 +107,8 @@ class DurableContext:
         held). The code runs again from its start on every claim, replaying its recorded
         steps: a line it writes before a step that is recorded was written the first time
         through, and is not written again; one before a step that is not was not, and is.
-        Where steps run at once, each branch's lines go by that branch's next step."""
+        Where steps run at once, each branch's lines go by that branch's next step; a line
+        logged inside a step's function goes with that step's own record."""
         self._run.lines.hold(str(message)[:MAX_LOG_LINE])
 
     # -- the timeline ----------------------------------------------------------------------
@@ -182,13 +183,17 @@ class DurableContext:
             call = run.call_step(name, fn, args, is_async)
             try:
                 if is_async:  # on the code's own task: the code awaits it at once anyway
-                    await run.executor.runner.run_here(call, lambda arguments: fn(*arguments))
+                    inside = run.lines.inside(name)
+                    try:
+                        await run.executor.runner.run_here(call, lambda arguments: fn(*arguments))
+                    finally:
+                        run.lines.outside(inside)
                     outcome = call.outcome
                     assert outcome is not None  # (run_here settles every call)
                 else:
                     assert call.finished is not None
                     try:
-                        run.executor.runner.start(call, lambda arguments: fn(*arguments))
+                        run.executor.runner.start(call, lambda arguments: run.lines.on_thread(name, fn, arguments))
                     except RunnerSaturated as exc:
                         call.settle(Outcome("failed", run.now, TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
                     outcome = await call.finished

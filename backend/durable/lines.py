@@ -7,14 +7,19 @@ reaches its next step, sleep or wait. If that one is recorded, its checkpoint wr
 line, which is dropped; if not, the line is written in the transaction that records it
 (its result, its at-most-once mark, its retry's wait), never with a sibling's checkpoint.
 So a line is in the store exactly when its step is, whatever order a replay reaches the
-branches of a gather in. A task that ended hands its last lines to the next step any task
-reaches; at the code's end, every line still held is written with the end. The engine's
-own notes (``resumed on …``, a failed attempt) go with the next write of any kind.
+branches of a gather in. A line logged inside a step's function (on its task, or on the
+thread a sync one runs on) goes with that step's own record, for the same reason: a step
+not recorded runs again on the next claim, and logs it again. A task that ended hands its
+last lines to the next step any task reaches; at the code's end, every line still held is
+written with the end. The engine's own notes (``resumed on …``, a failed attempt) go with
+the next write of any kind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +30,14 @@ __all__ = ["ExecutionLines"]
 #: A line waiting to be written: the step whose record carries it (None: any write), its text.
 Entry = tuple[str | None, str]
 
+#: While a step's function runs: whose lines, and which step (see :meth:`ExecutionLines.inside`).
+#: A context variable, so that the tasks the function starts, and the thread a sync one runs
+#: on (and the threads it starts, which copy the context: see backend.observability.capture),
+#: know it too.
+_INSIDE: contextvars.ContextVar[tuple[ExecutionLines, str] | None] = contextvars.ContextVar(
+    "schedtui_durable_step", default=None
+)
+
 
 class ExecutionLines:
     """The lines of one claim of an execution (see the module's docstring).
@@ -33,9 +46,8 @@ class ExecutionLines:
     step the write records, in the order they came, and keeps the others; of a chatty
     stretch only the newest :data:`LOG_LINES` are kept, the only ones that can be read."""
 
-    def __init__(self, in_a_step: Callable[[asyncio.Task[Any]], bool]) -> None:
-        self._in_a_step = in_a_step
-        """Whether a step is in progress on a task (a line logged inside a step's function)."""
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self.entries: list[Entry] = []
         self.held: dict[asyncio.Task[Any], list[str]] = {}
         """Lines logged on each of the code's tasks since that task last reached a step."""
@@ -46,19 +58,44 @@ class ExecutionLines:
 
     def hold(self, line: str) -> None:
         """A line the code logged: held until its task reaches its next step. One logged
-        inside a step in progress on its task, or on a step's thread, goes with the next
-        write: that step is not recorded yet, and a replay does not run it again."""
+        inside a step's function (in progress on its task, or on its thread) goes with that
+        step's record: while steps run at once, the next write may be a sibling's, and a
+        crash before this step's own would leave the line written and the step to run (and
+        log it) again."""
+        inside = _INSIDE.get()
+        step = inside[1] if inside is not None and inside[0] is self else None
         try:
             task = asyncio.current_task()
-        except RuntimeError:  # (a step's function on a thread)
-            task = None
-        if task is None or self._in_a_step(task):
-            self._add((line,), None)
+        except RuntimeError:  # not on the loop's thread: a sync step's function (or a thread of the code's)
+            # Handed to the loop in order: before the step's outcome, which its thread hands over after.
+            with contextlib.suppress(RuntimeError):  # (the loop has closed: nothing will be written)
+                self._loop.call_soon_threadsafe(self._add, (line,), step)
+            return
+        if step is not None or task is None:  # (task None: a callback of the loop's)
+            self._add((line,), step)
             return
         held = self.held.setdefault(task, [])
         held.append(line)
         if len(held) > 2 * LOG_LINES:
             del held[:-LOG_LINES]
+
+    def inside(self, step: str) -> contextvars.Token[tuple[ExecutionLines, str] | None]:
+        """The function of ``step`` runs from now on, in this context: the lines logged in it
+        go with that step's record (see :meth:`hold`). Hand the token to :meth:`outside`."""
+        return _INSIDE.set((self, step))
+
+    @staticmethod
+    def outside(token: contextvars.Token[tuple[ExecutionLines, str] | None]) -> None:
+        _INSIDE.reset(token)
+
+    def on_thread(self, step: str, fn: Callable[..., Any], arguments: tuple[Any, ...]) -> Any:
+        """``fn(*arguments)``, the function of the sync step ``step``, on its thread (whose
+        context is not the code's)."""
+        token = _INSIDE.set((self, step))
+        try:
+            return fn(*arguments)
+        finally:
+            _INSIDE.reset(token)
 
     def reached(self, task: asyncio.Task[Any] | None, name: str, recorded: bool) -> None:
         """``task`` reached the step, sleep or wait ``name``, ``recorded`` or not: the lines

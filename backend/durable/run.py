@@ -152,7 +152,7 @@ class ExecutionRun:
         self.pending: list[StepRecord] = []
         """Checkpoints that need no commit of their own (a sleep or wait found over): they
         go with the next write."""
-        self.lines = ExecutionLines(lambda task: task in self._tasks)
+        self.lines = ExecutionLines()
         """Its log lines on their way to the store, and which write carries each."""
         self.seen: dict[str, int] = {}
         self.position = 0
