@@ -2056,6 +2056,89 @@ async def test_an_at_most_once_step_a_task_group_cancelled_is_left_to_a_person(
     assert (done.status, done.output, CALLS["charge"], CALLS["broken"]) == ("succeeded", ["charged", "mended"], 2, 2)
 
 
+def answer_held_after_commit(engine: Engine, step: str, then: Callable[[], None]) -> None:
+    """The write that records ``step`` commits, and its answer is held: ``then`` runs, and
+    the write's caller waits until it is cancelled (a commit whose answer is slow to come)."""
+    store: Any = engine.store
+    write = store.durable_write
+
+    async def held(w: Write) -> Any:
+        answer = await write(w)
+        if any(record.name == step and record.status == "succeeded" for record in w.steps):
+            then()
+            await asyncio.Event().wait()
+        return answer
+
+    store.durable_write = held
+
+
+async def test_code_cancelled_while_a_steps_checkpoint_is_in_flight_goes_on_from_what_the_store_holds(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The code bounds a step with a timeout, which fires while the step's checkpoint is in
+    flight (its commit waited for the execution's row, its answer was slow). The commit
+    landed: the code, told the step timed out, would take its fallback, where every replay
+    finds the step recorded and takes the other way. The execution is handed back instead,
+    and the next claim goes on from the step's value: the fallback never runs."""
+    bounds: list[asyncio.Timeout] = []
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        try:
+            async with asyncio.timeout(None) as bound:
+                bounds.append(bound)
+                seen = ["value", await ctx.step("a", count("a", "A"))]
+        except TimeoutError:
+            seen = ["timed out", await ctx.step("fallback", count("fallback", "FB"))]
+        return seen
+
+    engine = engines([define_durable(name="f", handler=body)])
+    answer_held_after_commit(engine, "a", lambda: bounds[-1].reschedule(asyncio.get_running_loop().time()))
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output, CALLS["a"], CALLS["fallback"]) == ("succeeded", ["value", "A"], 1, 0)
+    lines = [line.message for line in done.logs or []]
+    assert any(line.startswith('handed back: the code was cancelled while the write of step "a"') for line in lines), lines
+
+
+async def test_a_task_group_that_cancels_a_step_whose_checkpoint_is_in_flight_hands_the_execution_back(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A ``TaskGroup``'s other task fails while a step's checkpoint is in flight, and the
+    group cancels the step. The code catches the group's failure and undoes what the step
+    did if it finished, or records that it did not: the commit landed, so a replay finds
+    the step finished. The execution is handed back; the code goes on from the store's
+    word: the step finished, it is undone, and "not done" is never recorded."""
+    broke = asyncio.Event()
+
+    async def broken() -> None:
+        await broke.wait()
+        raise RuntimeError("broken")
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        try:
+            async with asyncio.TaskGroup() as group:
+                first = group.create_task(ctx.step("a", count("a", "A")))
+                group.create_task(ctx.step("broken", broken, retry=False))
+        except* StepFailed:
+            pass
+        else:
+            return "whole"
+        if first.cancelled():
+            return await ctx.step("not done", count("not done", "a never finished"))
+        return await ctx.step("undo", count("undo", f"undid {first.result()}"))
+
+    engine = engines([define_durable(name="f", handler=body)])
+    answer_held_after_commit(engine, "a", broke.set)
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", "undid A"), done
+    assert (CALLS["a"], CALLS["undo"], CALLS["not done"]) == (1, 1, 0)
+
+
 async def test_an_execution_failed_with_a_step_in_flight_ends_once_that_step_has_returned(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:

@@ -65,6 +65,19 @@ class Released(Stop):
     """This instance is stopping: the execution goes back to the queue at this boundary."""
 
 
+class InDoubt(Released):
+    """The code cancelled a call of its context while that call's write was in flight (a
+    timeout around a step, a ``TaskGroup`` whose other task failed): the write was sent, so
+    it may commit all the same, and the code, told "cancelled", would go on as if it had
+    not, where a replay would find it recorded and take the other way. The execution goes
+    back to the queue at once (``note`` says why, in its log), and the next claim replays
+    it from what the store holds."""
+
+    def __init__(self, note: str) -> None:
+        super().__init__(note)
+        self.note = note
+
+
 class Fatal(Stop):
     """Replaying would be wrong (steps reached in another order, a name used twice, an
     at-most-once step found interrupted, the lifetime bound): the execution fails.

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from backend.durable.definition import DurableFunction
 from backend.durable.departure import Departure, Wait
-from backend.durable.errors import Cancelled, Ended, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
+from backend.durable.errors import Cancelled, Ended, Fatal, InDoubt, LeaseLost, Released, StepFailed, Stop, Suspended
 from backend.durable.lines import ExecutionLines
 from backend.durable.model import (
     MAX_LIFETIME,
@@ -227,10 +227,14 @@ class ExecutionRun:
             self.departure.wake()  # (a step the code left waiting to leave it meets it now)
         if isinstance(ending, (Suspended, LeaseLost)):
             return
-        if not isinstance(ending, Released):
+        if not isinstance(ending, Released) or isinstance(ending, InDoubt):
             await self._steps_returned()
         if self.threads:  # the instance stops with a step on a thread: it is not handed on
             self._left_to_its_lease()
+            return
+        if isinstance(ending, InDoubt):
+            await self._end(Suspend("queued", self.current_step), note=ending.note)
+            self.executor.poke()  # (claimed again now: by this instance, or any other)
             return
         if isinstance(ending, Released):
             await self._end(Suspend("queued", self.current_step), note=f"released: {self.executor.instance} is stopping")
@@ -524,6 +528,16 @@ class ExecutionRun:
             self.lines.put_back(taken)
             self.lose(f"the store cannot be reached to checkpoint ({exc})")
             raise LeaseLost(str(exc)) from None
+        except asyncio.CancelledError:
+            if self.ending is not None:
+                raise  # (the runner's own: a stop, a lost lease)
+            # The code's own (a timeout around the step, a TaskGroup): see InDoubt.
+            what = ", ".join(f'{record.kind} "{record.name}"' for record in pending) or "the execution"
+            self.ending = InDoubt(
+                f"handed back: the code was cancelled while the write of {what} was in flight, which may have "
+                "committed; the next claim replays the code from what the store holds"
+            )
+            raise self.ending from None
         finally:
             self.writing -= 1
         if cancel is None:
