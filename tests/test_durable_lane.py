@@ -322,3 +322,99 @@ async def test_a_checkpoint_cancelled_in_flight_frees_the_lane_once_its_reply_is
     calls = lane.calls
     assert await store.durable_write(checkpoint(claim, 2, "two", now)) is False
     assert lane.calls == calls + 1 and await steps_of(store) == ["one", "two"]
+
+
+@pytest.mark.parametrize("then", ["progress", "wait", "end"])
+async def test_a_write_whose_answer_was_lost_after_it_committed_is_neither_written_twice_nor_taken_for_a_lost_lease(
+    store: PostgresStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """The connection breaks once the write has committed, before its answer: the pool
+    sends it again on a fresh connection. Sent again as it was, a progress wrote its log
+    lines twice, and a wait or an end found the execution no longer running and answered
+    that its lease was lost (its instance let go of an execution that had ended well). It
+    looks first, and answers as the write did."""
+    from backend.durable.store import Suspend
+    from backend.store.postgres import durable
+
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    claim = await claimed(store, "a", now)
+    step = StepRecord(1, "one", "step", "succeeded", 1, now, now, output='"one"')
+    endings: dict[str, Progress | Suspend | Finish] = {
+        "progress": Progress("one", now + timedelta(seconds=30)),
+        "wait": Suspend("waiting", "nap", "sleep:nap", now + timedelta(hours=1)),
+        "end": Finish("succeeded", "one", output='"done"'),
+    }
+    ending = endings[then]
+    real = psycopg.AsyncConnection.execute
+    lost: list[str] = []
+
+    async def answer_lost(self: psycopg.AsyncConnection[object], query: object, *args: object, **kwargs: object) -> object:
+        cursor = await real(self, query, *args, **kwargs)  # type: ignore[call-overload]
+        if query in (durable.PROGRESS, durable.SUSPEND, durable.FINISH) and not lost:
+            lost.append(str(query))  # (committed: the pool's connections are in autocommit)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return cursor
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", answer_lost)
+    assert await store.durable_write(Write(ID, claim.execution.lease, now, ending, [step], ["a line"])) is False
+    assert lost  # (the answer was lost once, and the write sent again)
+    row = await execution(store)
+    assert [line.message for line in row.logs or []] == ["a line"]
+    assert row.status == {"progress": "running", "wait": "waiting", "end": "succeeded"}[then]
+    assert await steps_of(store) == ["one"]
+
+
+async def test_an_end_whose_reply_on_the_lane_was_lost_after_it_committed_is_this_ends(
+    store: PostgresStore, clock: ManualClock
+) -> None:
+    """The end goes on the lane; its reply is lost after it committed, and the pool runs it
+    again: it finds the execution ended, by this end, and says so (not a lost lease)."""
+    now = clock.now()
+    _, claim = await claimed_on_lane(store, now)
+    lane = store._checkpoints
+    assert lane is not None
+    call = lane.call
+
+    async def reply_lost(key: str, params: Sequence[bytes | None], formats: Sequence[int] | None = None) -> pq.abc.PGresult:
+        await call(key, params, formats)
+        raise LaneFailed("the connection broke before the reply")
+
+    lane.call = reply_lost  # type: ignore[method-assign]
+    end = Write(ID, claim.execution.lease, now, Finish("succeeded", None, output='"done"'), [], ["succeeded"])
+    assert await store.durable_write(end) is False
+    lane.call = call  # type: ignore[method-assign]
+    row = await execution(store)
+    assert (row.status, [line.message for line in row.logs or []]) == ("succeeded", ["succeeded"])
+
+
+async def test_a_claim_whose_answer_was_lost_after_it_committed_fails_so_that_what_it_took_is_given_back(
+    store: PostgresStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent again, a claim whose first sending committed took nothing more, and what the
+    first took stayed running under this instance, run by nobody, until its lease ran out.
+    It fails instead (the store cannot say what it took), and the executor's give-back of
+    that claim id hands the execution back at once."""
+    from backend import Unavailable
+    from backend.store.postgres import durable
+
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    real = psycopg.AsyncConnection.execute
+    lost: list[str] = []
+
+    async def answer_lost(self: psycopg.AsyncConnection[object], query: object, *args: object, **kwargs: object) -> object:
+        cursor = await real(self, query, *args, **kwargs)  # type: ignore[call-overload]
+        if query is durable.CLAIM and not lost:
+            lost.append("claim")
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return cursor
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", answer_lost)
+    until = now + timedelta(seconds=30)
+    with pytest.raises(Unavailable, match="lost the answer of a claim"):
+        await store.durable_claim("a", ["f"], now, until, 1, claim="claim-1")
+    assert (await execution(store)).status == "running"  # (the first sending took it)
+    assert await store.durable_give_back("a", "claim-1", until, now) == 1
+    [again] = await store.durable_claim("a", ["f"], now, until, 1, claim="claim-2")
+    assert again.execution.id == ID

@@ -50,6 +50,7 @@ from backend.durable.store import (
     step_view,
 )
 from backend.safetext import store_text as _text
+from backend.store import store_unavailable
 from backend.store.migrations import Component
 from backend.store.postgres.audit import APPEND_AUDIT_FROM, audit_params
 from backend.store.postgres.lane import Lane, LaneFailed
@@ -305,6 +306,14 @@ FINISH = f"""
             cancel_requested = false, step = coalesce(%(step)s, step)
         WHERE {HELD} RETURNING cancel_requested
     )""" + _AND_STEPS_AND_LOGS
+#: Whether a write whose answer was lost landed (see PostgresDurable._landed): the execution
+#: under the write's lease, its status and last change, and whether a log line carries the
+#: write's instant (a progress writes its lines at it, and changes nothing else it can show).
+LANDED = f"""
+    SELECT e.status, e.updated_at, e.cancel_requested,
+        EXISTS (SELECT 1 FROM schedtui_durable_logs l WHERE l.execution_id = e.id AND l.at = %(now)s)
+    FROM {EXECUTIONS} e WHERE e.id = %(id)s AND e.lease = %(lease)s
+"""
 #: A lease's end never moves back (here, in PROGRESS and PROGRESS_ONLY): two renewals in
 #: flight on two connections commit in either order, and the older one's end, landing
 #: last, cut short a lease its owner counts as held to the newer one's (its held_until
@@ -487,6 +496,7 @@ class PostgresDurable:
 
     if TYPE_CHECKING:  # provided by PostgresStore
         commits: int
+        where: str
         _conninfo: str
         _checkpoints: Lane | None
         _conn_trouble: tuple[str, datetime] | None
@@ -529,10 +539,24 @@ class PostgresDurable:
         self._conn_trouble = None
         self._store_answered()
 
-    async def _fetch_write(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
-        """One statement that writes (its own transaction, one commit); its rows."""
+    async def _fetch_write(
+        self,
+        sql: str,
+        params: Sequence[Any] | dict[str, Any],
+        *,
+        again: Callable[[AsyncConnection[Any]], Awaitable[list[tuple[Any, ...]]]] | None = None,
+        sent: bool = False,
+    ) -> list[tuple[Any, ...]]:
+        """One statement that writes (its own transaction, one commit); its rows. ``again``
+        runs instead when it is sent a second time after a connection lost with it in flight
+        (see :meth:`_landed`); ``sent``: it was sent once already (on the lane)."""
+        runs = 1 if sent else 0
 
         async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            nonlocal runs
+            runs += 1
+            if runs > 1 and again is not None:
+                return await again(conn)
             return await (await conn.execute(sql, params)).fetchall()
 
         rows = await self._with_conn(go)
@@ -578,7 +602,14 @@ class PostgresDurable:
         params = {"functions": list(functions), "now": now, "until": lease_until, "limit": limit, "instance": instance,
                   "claim": claim}  # fmt: skip
         claimed = []
-        rows = await self._fetch_write(CLAIM, params)
+
+        async def lost(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            # Sent again, it would take more, and leave what the first took (if it committed)
+            # running under this instance, run by nobody, until its lease ran out: failed, it
+            # is given back by its claim id at the executor's next round.
+            raise store_unavailable(self.where, "{store} lost the answer of a claim, which may have committed")
+
+        rows = await self._fetch_write(CLAIM, params, again=lost if claim is not None else None)
         steps_of = dict(await self._fetchall(CLAIMED_STEPS, ([row[0] for row in rows],))) if rows else {}
         for row in rows:
             execution = ExecutionRow(
@@ -628,8 +659,30 @@ class PostgresDurable:
         if sql is not PROGRESS_ONLY:
             params["steps"] = _steps_json(write.steps)
             params["logs"] = json.dumps([_text(line) for line in write.logs])
-        rows = await self._fetch_write(sql, params)
+        rows = await self._fetch_write(sql, params, again=None if sql is PROGRESS_ONLY else self._landed(write, sql, params))
         return bool(rows[0][0]) if rows else None
+
+    def _landed(
+        self, write: Write, sql: str, params: Sequence[Any] | dict[str, Any]
+    ) -> Callable[[AsyncConnection[Any]], Awaitable[list[tuple[Any, ...]]]]:
+        """What runs in place of a write sent again after its answer was lost (the connection
+        broke with it in flight: it may have committed). Run again as it is, a progress would
+        write its log lines twice, and a wait or an end that landed would find the execution
+        no longer running and answer that its lease was lost. It looks first: landed, it
+        answers as the write did; if not, the write runs."""
+        status = None if isinstance(write.then, Progress) else write.then.status
+
+        async def again(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            row = await (await conn.execute(LANDED, {"id": write.id, "lease": write.lease, "now": write.now})).fetchone()
+            if row is not None:
+                current, changed, cancel, logged = row
+                if status is not None and current == status and changed == write.now:
+                    return [(cancel,)]
+                if status is None and current == "running" and logged and write.logs:
+                    return [(cancel,)]
+            return await (await conn.execute(sql, params)).fetchall()
+
+        return again
 
     async def _checkpoint(self, write: Write, s: StepRecord) -> bool | None:
         lane = self._checkpoints
@@ -669,10 +722,12 @@ class PostgresDurable:
             then.status, _text(then.output), _text(then.error_tag), _text(then.error_message), then.failed_step,
             then.step, write.now, write.id, write.lease, _text(write.logs[0]),
         )  # fmt: skip
+        lane = self._checkpoints
+        sent = lane is not None and lane.available()
         result = await self._on_lane("finish", params)
         if result is not None:
             return None if result.ntuples == 0 else result.get_value(0, 0) == b"t"
-        rows = await self._fetch_write(FINISH_LEAN, params)
+        rows = await self._fetch_write(FINISH_LEAN, params, again=self._landed(write, FINISH_LEAN, params), sent=sent)
         return bool(rows[0][0]) if rows else None
 
     async def durable_renew(self, instance: str, leases: Sequence[tuple[str, int]], lease_until: datetime) -> Renewal:
