@@ -3,8 +3,9 @@
 Everything a client sends goes through to the target and back, until :meth:`freeze`:
 then nothing moves either way (connections stay open, bytes wait in the kernel, new
 connections are accepted and go nowhere), as when a network path goes silent. After
-:meth:`thaw` what waited goes through. Threads, so that it works whatever the test's
-event loop does.
+:meth:`thaw` what waited goes through. It can also lose one answer (:meth:`lose_reply`):
+the server got the statement and committed, the client never hears back. Threads, so
+that it works whatever the test's event loop does.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class FreezableRelay:
         self._closed = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._losing: bytes | None = None
+        self._freeze_on_loss = False
+        self.lost = threading.Event()
+        """Set once the reply :meth:`lose_reply` waited for was lost."""
         threading.Thread(target=self._accept, name="relay accept", daemon=True).start()
 
     def freeze(self) -> None:
@@ -36,6 +41,16 @@ class FreezableRelay:
 
     def thaw(self) -> None:
         self._flowing.set()
+
+    def lose_reply(self, marker: bytes, *, freeze: bool = False) -> None:
+        """The next data the server sends that holds ``marker`` is dropped, and its
+        connection closed both ways: a transaction answered at its commit (a pipeline's,
+        at its Sync) committed, and the client never hears of it. With ``freeze``, the
+        relay freezes at that moment, until :meth:`thaw` (a network blip: what the client
+        sends next, on a new connection too, waits with the rest)."""
+        self.lost.clear()
+        self._freeze_on_loss = freeze
+        self._losing = marker
 
     def close(self) -> None:
         self._closed = True
@@ -67,10 +82,10 @@ class FreezableRelay:
             upstream.settimeout(None)
             with self._lock:
                 self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), name="relay pump", daemon=True).start()
+            for src, dst, replies in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(src, dst, replies), name="relay pump", daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, replies: bool) -> None:
         while True:
             self._flowing.wait()
             try:
@@ -79,6 +94,8 @@ class FreezableRelay:
                 data = b""
             if not data:
                 break
+            if replies and self._losing is not None and self._lose(data):
+                break  # (dropped: both ends are closed below)
             self._flowing.wait()  # frozen while this chunk was read: it waits with the rest
             try:
                 dst.sendall(data)
@@ -89,6 +106,17 @@ class FreezableRelay:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def _lose(self, data: bytes) -> bool:
+        """Whether ``data`` is the reply to lose (then no other one is)."""
+        with self._lock:
+            if self._losing is None or self._losing not in data:
+                return False
+            self._losing = None
+            if self._freeze_on_loss:
+                self.freeze()
+        self.lost.set()
+        return True
 
 
 def relay_to(url: str) -> FreezableRelay:

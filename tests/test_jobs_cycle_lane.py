@@ -4,13 +4,17 @@
 A cycle (finishes, handovers, claim) goes through a free cycle connection: its statements
 prepared there on generic plans, their answers read from text. It must answer exactly what
 the pool's path answers, and fall back to the pool when it cannot go there. A claim takes
-a seat lock per job it can claim, not per seat of the queue.
+a seat lock per job it can claim, not per seat of the queue. A cycle whose answer was lost
+after it committed, run again by the store, is in doubt, and the worker is told: what the
+first sending claimed goes back untouched, and an end it applied is no late result.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -18,12 +22,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from backend import Engine, define_queue
+from backend import Engine, JobContext, ManualClock, define_queue
 from backend.ids import IdFactory
 from backend.jobs.store import Claimed, Finish, FinishKind, NewJob, QueueSpec
 from backend.store.postgres.jobs import CLAIM, CYCLE_LANE_STATEMENTS
 from backend.store.postgres.lane import Lane
 from backend.store.postgres.store import PostgresStore
+from tests.tcp_relay import relay_to, via
 
 pytestmark = pytest.mark.postgres
 
@@ -205,3 +210,108 @@ async def test_workers_start_opening_a_cycle_connection_per_stream_as_they_start
     finally:
         await workers.stop()
         await idle.stop()
+
+
+#: What the store logs as it runs a cycle again, by where the first sending's answer was lost.
+RUN_AGAIN = {"lane": "the schedtui_cycle connection failed", "pool": "store connection lost"}
+
+
+@pytest.mark.parametrize("where", ["lane", "pool"])
+async def test_a_claim_whose_answer_was_lost_and_that_the_store_ran_again_gives_its_job_back_untouched(
+    where: str, pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The claim commits and its answer is lost (the connection breaks after the commit);
+    the store runs the cycle again (on the pool), which finds the job taken. The worker,
+    told the cycle was in doubt, has the sweep give the job back untouched: it runs once,
+    as its first attempt. (It was left `running` under a token no longer in flight, and the
+    sweep closed it as abandoned: dead, for a job of one attempt, its handler never run.)"""
+    caplog.set_level(logging.INFO, "schedtui.store")
+    calls: list[tuple[str, int]] = []
+
+    async def handler(job: JobContext) -> None:
+        calls.append((job.id, job.attempt))
+
+    with relay_to(pg_url) as relay:
+        engine = make_engine([define_queue(name="mail", handler=handler, attempts=1)], abandon_after=30,
+                             store=via(pg_url, relay.port))  # fmt: skip
+        await engine.open()
+        store = engine.store
+        assert isinstance(store, PostgresStore)
+        if where == "pool":
+            store._cyclers = []
+        sent = await engine.jobs.send("mail", "x", delay=1)  # (due once the relay waits for its claim)
+        await engine.start()
+        if where == "lane":
+            assert await store._cyclers[0].open()  # (the first free one takes the cycle)
+        relay.lose_reply(sent.id.encode())  # the claim's answer names it
+        for _ in range(30):
+            clock.advance(1)  # (the sweep runs with the housekeeping, every second)
+            await engine.quiesce()
+            if calls or (await engine.jobs.get_job(sent.id)).job is None:
+                break
+        assert relay.lost.is_set()
+        assert [r for r in caplog.records if RUN_AGAIN[where] in r.getMessage()]
+        assert calls == [(sent.id, 1)]
+        found = await engine.jobs.get_job(sent.id)
+        assert found.job is None  # succeeded: gone
+        assert [(a.attempt, a.status, a.error_tag) for a in found.attempts] == [(1, "succeeded", None)]
+        await engine.stop(grace=0)
+
+
+@pytest.mark.parametrize("where", ["lane", "pool"])
+async def test_an_end_whose_answer_was_lost_and_that_the_store_ran_again_is_applied_once_and_no_late_result(
+    where: str, pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cycle carries a succeeded attempt's end, commits, and its answer is lost; run
+    again by the store, the end finds its job gone. That is the first sending's doing, not
+    a displaced worker's late result: no warning says so."""
+    caplog.set_level(logging.INFO)
+    started, go = asyncio.Event(), asyncio.Event()
+    calls: list[tuple[str, int]] = []
+
+    async def handler(job: JobContext) -> None:
+        calls.append((job.id, job.attempt))
+        started.set()
+        await go.wait()
+
+    with relay_to(pg_url) as relay:
+        engine = make_engine([define_queue(name="mail", handler=handler, attempts=1)], abandon_after=30,
+                             store=via(pg_url, relay.port))  # fmt: skip
+        await engine.open()
+        store = engine.store
+        assert isinstance(store, PostgresStore)
+        if where == "pool":
+            store._cyclers = []
+        sent = await engine.jobs.send("mail", "x")
+        await engine.start()
+        if where == "lane":
+            assert await store._cyclers[0].open()
+        await asyncio.wait_for(started.wait(), 10)  # (the timeouts only bound a broken test)
+        workers = engine.jobs.workers
+        assert workers is not None
+        await until(lambda: not (workers.inflight or workers.handovers or workers.inflight_handovers))
+        await engine.quiesce(runs=False)  # (the housekeeping's first round read the job running: not that answer)
+        relay.lose_reply(sent.id.encode())  # the end's answer names it
+        go.set()
+        await until(relay.lost.is_set)
+        for _ in range(3):
+            clock.advance(1)
+            await engine.quiesce()
+        assert [r for r in caplog.records if RUN_AGAIN[where] in r.getMessage()]
+        assert calls == [(sent.id, 1)]
+        found = await engine.jobs.get_job(sent.id)
+        assert found.job is None
+        assert [(a.attempt, a.status) for a in found.attempts] == [(1, "succeeded")]
+        assert not [r for r in caplog.records if "late result" in r.getMessage()]
+        assert [r for r in caplog.records if "was not applied again" in r.getMessage()]
+        await engine.stop(grace=0)
+
+
+async def until(done: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Wait on the loop until ``done()``; the timeout only bounds a broken test."""
+
+    async def poll() -> None:
+        while not done():
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(poll(), timeout)

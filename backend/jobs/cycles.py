@@ -319,6 +319,15 @@ class Cycles:
             self.wake.set()
             return
         self.outages.back("jobs")
+        if cycle.in_doubt:
+            # A first sending of it lost its answer and the store ran it again: an end not
+            # applied now was most likely applied by it, and what its claim took under this
+            # token (`running` here, in no hand) goes back untouched at the next sweep. The
+            # token is kept before it leaves `inflight` below: the sweep always sees one or
+            # the other.
+            self.resent.update((finish.id, finish.tries) for finish, _ in batch)
+            if wanted or ahead:
+                self._unanswered(token)
         for (finish, run), applied in zip(batch, cycle.applied, strict=False):
             self._handed_in(run, finish, applied)
         for (handover, run), moved in zip(handovers, cycle.handed, strict=False):

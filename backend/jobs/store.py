@@ -171,6 +171,13 @@ class Cycle:
     next_at: dict[str, datetime | None] = field(default_factory=dict)
     handed: list[bool] = field(default_factory=list)
     """Per handover (by index), whether it applied."""
+    in_doubt: bool = False
+    """A first sending of this cycle failed after it may have applied (its answer lost),
+    and the store ran it again: these answers are the second sending's. A finish not
+    applied may have been applied by the first, and jobs the first claimed under the
+    cycle's token may be ``running`` under this instance unknown to the worker (it gives
+    them back untouched: see :meth:`JobStore.cycle_jobs`). Never set where the store does
+    not run a cycle again by itself (SQLite)."""
 
 
 class JobStore(Protocol):
@@ -227,7 +234,12 @@ class JobStore(Protocol):
         ``wanted[q]`` due jobs of each queue ``q`` that is not paused, oldest due first,
         each with a free seat, and up to ``ahead[q]`` more without a seat (where
         :attr:`job_reservations`), as ``instance`` under ``token``. PostgreSQL: one claim
-        statement with ``FOR UPDATE SKIP LOCKED``."""
+        statement with ``FOR UPDATE SKIP LOCKED``.
+
+        A store that runs the cycle again by itself after a first sending whose answer was
+        lost (PostgreSQL, on another connection) says so (:attr:`Cycle.in_doubt`): every
+        statement of a cycle is safe to run again, but only the worker knows which
+        ``running`` jobs under ``token`` it holds."""
 
     async def finish_jobs(self, finishes: Sequence[Finish]) -> list[bool]:
         """Apply finishes alone (the abandoned sweep, shutdown); which applied."""

@@ -23,7 +23,10 @@
   and is retried.
 * **Cycles** go on a connection kept for them when one is free (:mod:`.lane`: the
   statements prepared on generic plans, answers read from text, no pool checkout; up to
-  :data:`CYCLE_LANES`), else on the pool.
+  :data:`CYCLE_LANES`), else on the pool. One run again on the pool after its connection
+  broke on its way (it may have committed, its answer lost) says so
+  (:attr:`~backend.jobs.store.Cycle.in_doubt`): what its first sending claimed, only the
+  worker can tell from what it holds.
 * **Sends** are one pipelined round trip each, on a connection kept for sends when one is
   free (:mod:`.lane`: the statements prepared, no pool checkout; up to
   :data:`SEND_LANES`, opened one by one as sends overlap), else on the pool. Far from the 10,000-job limit they share
@@ -831,7 +834,8 @@ class PostgresJobs:
     ) -> list[PGresult] | None:
         """Run statements of the senders' connections on a free one, in one transaction
         (and ``then`` in one of its own after it: :meth:`Lane.call_many`); ``None``: none
-        was free, or the call failed: the caller runs them on the pool."""
+        was free: the caller runs them on the pool. :class:`LaneFailed`: the call failed,
+        after it may have applied (see :meth:`_on_lanes`)."""
         lane = self._free_sender()
         if lane is None:
             return None
@@ -848,14 +852,13 @@ class PostgresJobs:
         then: tuple[str, Sequence[bytes | None]] | None = None,
     ) -> list[PGresult] | None:
         """Run statements on a free one of ``lanes`` (see :meth:`_on_sender`); ``None``:
-        none was free, or the call failed."""
+        none was free. :class:`LaneFailed`: the call failed, and whether it took effect is
+        unknown (its answer may have been lost after the commit): the caller runs the
+        statements again on the pool, knowing they may have applied once already."""
         lane = _free_lane(lanes)
         if lane is None:
             return None
-        try:
-            results = await lane.call_many(calls, then)
-        except LaneFailed:
-            return None  # unknown whether it took effect: the statements must be safe to run again
+        results = await lane.call_many(calls, then)
         self._conn_trouble = None
         self._store_answered()
         return results
@@ -989,10 +992,15 @@ class PostgresJobs:
             # checkout: a fraction of the CPU). Sent again after a failure there, a job
             # finds its own row by its id: sent once, not a duplicate.
             # The wake-up goes in the same round trip and write, in a transaction of its own after it.
-            done = None if alone else await self._on_sender((
-                ("lock", [queue.encode()]),
-                _send_call(queue, jobs, batch, at),
-            ), then=("notify", [_array([queue])]) if wake_later is not None else None)  # fmt: skip
+            done = None
+            if not alone:
+                try:
+                    done = await self._on_sender((
+                        ("lock", [queue.encode()]),
+                        _send_call(queue, jobs, batch, at),
+                    ), then=("notify", [_array([queue])]) if wake_later is not None else None)  # fmt: skip
+                except LaneFailed:
+                    pass  # (the pool sends it again)
             if done is not None:
                 rows = _send_rows(done[1])
             else:
@@ -1037,7 +1045,11 @@ class PostgresJobs:
             else None
         )
 
+        sendings = 0  # of the closure below, in one call of _with_conn
+
         async def cycle(conn: AsyncConnection[Any]) -> tuple[set[str], set[str], list[tuple[Any, ...]]]:
+            nonlocal sendings
+            sendings += 1
             # Pipelined, one round trip: the statements before the pipeline's one Sync are
             # one (implicit) transaction, committed at the Sync or rolled back whole on an
             # error. (A `transaction()` block here would cost a Sync of its own first; it is
@@ -1051,17 +1063,28 @@ class PostgresJobs:
             rows = await taken.fetchall() if taken else []
             return applied, moved, rows
 
-        on_lane = await self._cycle_on_lane(finishing, hand_params, claim_params)
+        # Whether a sending of the cycle failed after it may have committed (its answer
+        # lost) and it was run again: the worker must hear of it (see Cycle.in_doubt).
+        in_doubt = False
+        try:
+            on_lane = await self._cycle_on_lane(finishing, hand_params, claim_params)
+        except LaneFailed:
+            on_lane, in_doubt = None, True
         if on_lane is not None:
             applied, moved, claimed, next_at = on_lane
         else:
             for attempt in range(_SEAT_RETRIES + 1):
+                sendings = 0
                 try:
                     applied, moved, rows = await self._with_conn(cycle)
                     break
                 except psycopg.Error as exc:
                     if attempt == _SEAT_RETRIES or not _retryable(exc):
                         raise
+                finally:
+                    # _with_conn ran it again after a connection lost (not this loop after
+                    # a seat lost, whose statements were rolled back)
+                    in_doubt = in_doubt or sendings > 1
             claimed = []
             next_at = {}
             for row in rows:
@@ -1070,7 +1093,9 @@ class PostgresJobs:
                 else:
                     next_at[row[2]] = _utc(row[10])
         self.commits += 1
-        return Cycle([f.id in applied for f in finishes], claimed, next_at, [h.id in moved for h in handovers])
+        return Cycle(
+            [f.id in applied for f in finishes], claimed, next_at, [h.id in moved for h in handovers], in_doubt=in_doubt
+        )
 
     async def _cycle_on_lane(
         self,
@@ -1080,9 +1105,11 @@ class PostgresJobs:
     ) -> tuple[set[str], set[str], list[Claimed], dict[str, datetime | None]] | None:
         """A cycle on a connection kept for cycles: its finishes, handovers and claim in one
         round trip (their answers: finishes applied, handovers moved, jobs claimed, next due
-        times); ``None``: none was free, its text could not be sent as it is, or it failed
-        there (a seat lost to a concurrent claim among the reasons): the pool runs it, and
-        tries again where it must (every statement of a cycle may run again)."""
+        times); ``None``: none was free, or its text could not be sent as it is: the pool
+        runs it. :class:`LaneFailed`: it failed there (a seat lost to a concurrent claim
+        among the reasons, or its answer lost after the commit): the pool runs it again,
+        and tries again where it must (every statement of a cycle may run again), and the
+        cycle is in doubt (see :attr:`Cycle.in_doubt`)."""
         if not self._cyclers or _free_lane(self._cyclers) is None:
             return None
         try:
@@ -1198,5 +1225,9 @@ class PostgresJobs:
         return int(row[0]) if row else 0
 
     async def notify_jobs(self, queues: Sequence[str]) -> None:
-        if queues and await self._on_sender((("notify", [_array(queues)]),)) is None:
-            await self._fetchall(NOTIFY, (list(queues),))
+        if not queues:
+            return
+        with contextlib.suppress(LaneFailed):  # (a wake-up told twice wakes twice: no harm)
+            if await self._on_sender((("notify", [_array(queues)]),)) is not None:
+                return
+        await self._fetchall(NOTIFY, (list(queues),))
