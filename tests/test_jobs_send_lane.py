@@ -4,27 +4,28 @@ backend/store/postgres/lane.py).
 A send goes through a free sender's connection: its lock and insert prepared and pipelined,
 and the wake-up of other processes' workers in a transaction of its own right after the
 send's commit, in the same round trip. The connection is only a shortcut: when it dies, the
-send runs on the pool, once (a job sent again finds its own row by its id), and the wake-up
-goes through the caller's notifier.
+send runs on the pool, once (a job sent again finds its own row by its id, or its attempts
+once it ran), and the wake-up goes through the caller's notifier.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
-from backend import connect, define_queue
+from backend import Engine, JobContext, ManualClock, connect, define_queue
 from backend.ids import IdFactory
 from backend.jobs.definition import MAX_HELD
 from backend.jobs.store import NewJob, QueueSpec
 from backend.store.postgres.lane import Lane, LaneFailed
 from backend.store.postgres.store import PostgresStore
+from tests.tcp_relay import relay_to, via
 
 pytestmark = pytest.mark.postgres
 
@@ -262,3 +263,57 @@ async def test_a_store_opened_for_reading_opens_no_senders_connection(pg_url: st
         assert not any(lane.opening for lane in opened._senders)
     finally:
         await opened.close()
+
+
+@pytest.mark.parametrize("where", ["lane", "pool", "shared"])
+async def test_a_send_whose_answer_was_lost_is_not_queued_again_when_its_job_ran_and_went_meanwhile(
+    where: str, pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A send commits and its answer is lost in a network blip; a worker elsewhere runs the
+    job (woken by the send's own wake-up, or its poll) and it goes (succeeded) before the
+    store sends it again. The repeat finds it by its attempts: it answers its id (not a
+    duplicate) and queues nothing; the job ran once. (It was queued again and ran twice,
+    its second attempt's record dropped.) On a sender's connection, on the pool, and in a
+    send that rode with others on a sender's connection."""
+    ran: list[tuple[str, int]] = []
+
+    async def handler(job: JobContext) -> None:
+        ran.append((job.id, job.attempt))
+
+    worker = make_engine([define_queue(name="mail", handler=handler)], store=pg_url)
+    await worker.start()
+    with relay_to(pg_url) as relay:
+        sender = PostgresStore(via(pg_url, relay.port))
+        await sender.open()
+        try:
+            if where == "pool":
+                sender._senders = []
+            else:
+                sender._senders = sender._senders[:1]  # (the send that goes first holds it: the next one rides)
+                assert await sender._senders[0].open()
+            first, job = NewJob(ids(), "0", T0, None), NewJob(ids(), "1", T0, None)
+            relay.lose_reply(job.id.encode(), freeze=True)
+            later: list[str] = []
+            sends = [job] if where != "shared" else [first, job]
+            sending = asyncio.gather(*(sender.send_jobs("mail", [j], T0, wake_later=later.append) for j in sends))
+            await asyncio.wait_for(asyncio.to_thread(relay.lost.wait), 10)  # (the timeouts only bound a broken test)
+            for _ in range(10):
+                clock.advance(1)
+                await worker.quiesce()
+                found = await worker.jobs.get_job(job.id)
+                if found.job is None and found.attempts:
+                    break
+            assert found.job is None and found.attempts  # it ran and went, the repeat still waiting for the network
+            relay.thaw()
+            answers = await asyncio.wait_for(sending, 10)
+            assert [(s.id, s.duplicate) for [s] in answers] == [(j.id, False) for j in sends]
+            if where == "shared":
+                assert sender._senders[0].calls == 2  # the first alone, then the one that rode
+            for _ in range(3):
+                clock.advance(1)
+                await worker.quiesce()
+            assert sorted(ran) == sorted((j.id, 1) for j in sends)
+            found = await worker.jobs.get_job(job.id)
+            assert found.job is None and [(a.attempt, a.status) for a in found.attempts] == [(1, "succeeded")]
+        finally:
+            await sender.close()

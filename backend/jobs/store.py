@@ -209,7 +209,11 @@ class JobStore(Protocol):
         order. A job whose key another job of the queue holds (also one earlier in the
         same batch) is not inserted: its answer is that job's id, ``duplicate``. A job
         whose id exists already (a send retried after a lost answer) answers that id, not
-        duplicate. :class:`~backend.errors.NotFound` for an unknown queue;
+        duplicate. A store that sends again by itself after a lost answer (PostgreSQL)
+        finds a job by its id in the queue or, once it ran and is gone, by its recorded
+        attempts: it is queued once; only a job cancelled or deleted while still queued,
+        between the lost answer and the repeat, is queued again.
+        :class:`~backend.errors.NotFound` for an unknown queue;
         :class:`~backend.jobs.model.QueueFull` (nothing inserted) when the queue's queued +
         dead jobs would exceed :data:`~backend.jobs.definition.MAX_HELD`.
 

@@ -33,7 +33,9 @@
   a per-queue advisory lock and run side by side (their commits group); one that finds
   the queue within 2,000 of the limit, or sends more than 100 jobs, takes the lock alone,
   so near the limit the count is exact. Concurrent sends of one key meet on the unique
-  index: the loser sends again and finds the winner's job (a duplicate).
+  index: the loser sends again and finds the winner's job (a duplicate). A send that may
+  have committed without its answer (a connection broken on its way) is sent again by
+  SEND_AGAIN, which finds a job that ran and is gone meanwhile by its attempts.
 * **Wake-ups**: after a send commits (never inside its transaction: a NOTIFY serialises
   commits), the sender tells workers with ``pg_notify``: on a sender's connection in a
   transaction of its own sent in the send's round trip, else (the pool's sends, other
@@ -231,6 +233,19 @@ SEND = f"""
     LEFT JOIN holders holder ON holder.key = w.key
     ORDER BY w.n
 """
+_KNOWN = "known AS (SELECT w.n, e.id FROM w JOIN schedtui_jobs e ON e.id = w.id),"
+#: SEND for jobs a sending before this one may have inserted with its answer lost (sent
+#: again after a connection broke): an id is known also by its recorded attempts, so a job
+#: that was claimed, run and deleted (success, or a delete while it ran) between the two is
+#: found, answered as its id (not a duplicate) and not queued again. Only for such sends:
+#: the join with the attempts is a cost no first send pays. What it cannot find: a job
+#: cancelled or deleted while still queued in that instant (no attempt names it): that one
+#: is queued again.
+SEND_AGAIN = SEND.replace(_KNOWN, """known AS (
+        SELECT w.n, w.id FROM w JOIN schedtui_jobs e ON e.id = w.id
+        UNION  -- (a job that ran and is gone: its attempts name it)
+        SELECT w.n, w.id FROM w JOIN schedtui_job_attempts a ON a.job_id = w.id
+    ),""")
 #: A cycle's finishes, each applied only while its job is still running under its tries;
 #: answers the ids that applied. The attempt is recorded when it applied, or when the job
 #: is gone and the finish was not swept (a finish retried after a lost answer finds its
@@ -744,7 +759,7 @@ def _retryable(exc: psycopg.Error) -> bool:
 class _Rider:
     """A send waiting for a sender's connection, to go with others (see PostgresJobs._ride)."""
 
-    __slots__ = ("at", "future", "items", "wake_later")
+    __slots__ = ("at", "future", "in_doubt", "items", "wake_later")
 
     def __init__(
         self,
@@ -757,6 +772,9 @@ class _Rider:
         self.at = at
         self.wake_later = wake_later
         self.future = future
+        self.in_doubt = False
+        """Its shared send failed after it may have inserted its jobs (its answer lost), or
+        inserted some of them before it gave up: sent alone, it is sent again (SEND_AGAIN)."""
 
 
 class PostgresJobs:
@@ -872,14 +890,15 @@ class PostgresJobs:
 
     async def _ride(
         self, queue: str, items: list[dict[str, Any]], at: datetime, wake_later: Callable[[str], None] | None
-    ) -> list[Sent] | None:
+    ) -> tuple[list[Sent] | None, bool]:
         """Every sender's connection is busy: wait for the next one free and go with the
         other sends to ``queue`` that wait for it, in one transaction (a backlog of single
-        sends costs a commit per batch, not per send). ``None``: send alone after all (the
-        batch failed, did not fit, or met a concurrent send of one of its keys)."""
+        sends costs a commit per batch, not per send). Its answers, or ``None``: send alone
+        after all (the batch failed, did not fit, or met a concurrent send of one of its
+        keys); and whether the jobs may have been inserted already (see :attr:`_Rider.in_doubt`)."""
         rider = _Rider(items, at, wake_later, asyncio.get_running_loop().create_future())
         self._riders.setdefault(queue, []).append(rider)
-        return await rider.future
+        return await rider.future, rider.in_doubt
 
     def _board(self) -> None:
         """A sender's connection is free: the sends waiting for one go, the longest-waiting
@@ -915,7 +934,8 @@ class PostgresJobs:
                               b"%d" % (MAX_HELD - _SHARED_ROOM)]),
                 ), then=("notify", [_array([queue])]) if wake else None)  # fmt: skip
             except LaneFailed:
-                for rider in going:
+                for rider in going:  # (a part of it may have reached the server)
+                    rider.in_doubt = True
                     rider.future.set_result(None)
                 continue
             task = asyncio.ensure_future(self._carry(reply, going))
@@ -924,18 +944,24 @@ class PostgresJobs:
             return
 
     async def _carry(self, reply: Awaitable[list[PGresult]], riders: list[_Rider]) -> None:
-        """The answers of a shared send, to each of its sends (``None`` to each: send alone)."""
+        """The answers of a shared send, to each of its sends (``None`` to each: send alone;
+        in doubt where the shared send may have inserted some of their jobs)."""
         answers: list[list[Sent] | None] = [None] * len(riders)
         try:
             try:
                 results = await reply
             except LaneFailed:
+                for rider in riders:  # it may have committed, its answer lost
+                    rider.in_doubt = True
                 return
             self.commits += 1
             self._conn_trouble = None
             self._store_answered()
             rows = _send_rows(results[1])
             if not rows or not rows[0][2] or not rows[0][3] or rows[0][6] != rows[0][5]:
+                if rows and rows[0][6]:  # (a key taken beside it: the others' jobs went in)
+                    for rider in riders:
+                        rider.in_doubt = True
                 return  # no such queue, no room, or a key taken beside it: each on its own
             at_row = 0
             for index, rider in enumerate(riders):
@@ -966,8 +992,12 @@ class PostgresJobs:
             for n, j in enumerate(jobs)
         ]  # fmt: skip
         alone = len(jobs) > _SHARED_BATCH
+        # Whether a sending of these jobs may have inserted them already (its answer lost,
+        # or some inserted before it met a key taken beside it): then every sending after
+        # it is SEND_AGAIN, on the pool, which finds a job that ran and is gone meanwhile.
+        in_doubt = False
         if not alone and self._senders_all_busy():
-            carried = await self._ride(queue, items, at, wake_later)
+            carried, in_doubt = await self._ride(queue, items, at, wake_later)
             if carried is not None:
                 return carried
         encoded: list[str] = []
@@ -978,29 +1008,38 @@ class PostgresJobs:
                 encoded.append(json.dumps(items, separators=(",", ":")))
             return encoded[0]
 
+        unanswered = False  # a sending below is on its way, or lost its answer
+
         async def send(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            nonlocal in_doubt, unanswered
+            # Run again by _with_conn after the connection was lost: the first may have committed.
+            in_doubt = in_doubt or unanswered
+            unanswered = True
             # While sharing the lock, leave room for the others that share it now.
             params = {"jobs": batch(), "queue": queue, "at": at, "limit": MAX_HELD if alone else MAX_HELD - _SHARED_ROOM}
             # One round trip: the lock and the send are one implicit transaction (see cycle_jobs).
             async with self._one_transaction(conn):
                 await conn.execute(SEND_LOCK_ALONE if alone else SEND_LOCK_SHARED, (queue,))
-                cursor = await conn.execute(SEND, params)
-            return await cursor.fetchall()
+                cursor = await conn.execute(SEND_AGAIN if in_doubt else SEND, params)
+            rows = await cursor.fetchall()
+            unanswered = False
+            return rows
 
         for _ in range(_SEND_TRIES):
             # On a connection kept for sends when one is free (prepared statements, no pool
-            # checkout: a fraction of the CPU). Sent again after a failure there, a job
-            # finds its own row by its id: sent once, not a duplicate.
-            # The wake-up goes in the same round trip and write, in a transaction of its own after it.
+            # checkout: a fraction of the CPU). Sent again after a failure there, on the
+            # pool, a job finds its own row by its id, or its attempts once it ran: sent
+            # once, not a duplicate. The wake-up goes in the same round trip and write, in
+            # a transaction of its own after it.
             done = None
-            if not alone:
+            if not alone and not in_doubt:
                 try:
                     done = await self._on_sender((
                         ("lock", [queue.encode()]),
                         _send_call(queue, jobs, batch, at),
                     ), then=("notify", [_array([queue])]) if wake_later is not None else None)  # fmt: skip
                 except LaneFailed:
-                    pass  # (the pool sends it again)
+                    in_doubt = True  # it may have committed, its answer lost
             if done is not None:
                 rows = _send_rows(done[1])
             else:
@@ -1019,7 +1058,9 @@ class PostgresJobs:
             if inserted == adding:
                 return [Sent(job_id, duplicate=bool(duplicate)) for job_id, duplicate, *_ in rows]
             # A send beside this one took one of its keys first (or its ids: our own earlier
-            # attempt). Again: that job is visible now, and what was inserted is ours.
+            # attempt). Again: that job is visible now, and what was inserted is ours (and
+            # may run before the next sending: found by its attempts).
+            in_doubt = in_doubt or inserted > 0
         raise Unavailable(f'the send to "{queue}" kept meeting concurrent sends of its keys; send it again')
 
     async def cycle_jobs(
