@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from backend import Unavailable
+from backend import BadInput, Unavailable, connect
 from backend.store.migrations import Component
 from backend.store.postgres.store import PostgresStore
 from backend.store.sqlite.sql import MIGRATIONS
@@ -189,3 +190,68 @@ def test_an_empty_file_is_no_store_and_stays_empty(tmp_path: Path) -> None:
         "`schedtui demo` create a store)\n"
     ))  # fmt: skip
     assert empty.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "schedules"]
+
+
+def another_apps_database(path: Path) -> bytes:
+    """An SQLite file made by another application (a table of its own, a rollback journal,
+    as SQLite makes it by default): its bytes."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("INSERT INTO users (name) VALUES ('a')")
+        conn.commit()
+    made = path.read_bytes()
+    assert made[18:20] == b"\x01\x01"  # (rollback journal; WAL is 2, 2)
+    return made
+
+
+def test_another_applications_database_is_refused_and_left_byte_for_byte(tmp_path: Path) -> None:
+    # A verb switched it to WAL (its header's bytes 18-19, for good) before refusing it.
+    db = tmp_path / "otherapp.db"
+    made = another_apps_database(db)
+    (tmp_path / "schedules").mkdir()
+    store = ("--schedules", "schedules", "--store", f"sqlite:///{db}")
+    for verb in (("audit",), ("--read-only", "list"), ("list",), ("disable", "tick")):
+        done = run_main(tmp_path, *verb, *store)
+        assert (done.returncode, done.stderr) == (2, (
+            f'schedtui: the file "{db}" is not a schedtui store (an SQLite file without its tables); check --store\n'
+        )), verb  # fmt: skip
+        assert db.read_bytes() == made, verb
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["otherapp.db", "schedules"], verb
+
+
+async def test_the_store_api_refuses_another_applications_database_and_leaves_it_as_it_is(tmp_path: Path) -> None:
+    db = tmp_path / "otherapp.db"
+    made = another_apps_database(db)
+    said = f'the file "{db}" is not a schedtui store (an SQLite file without its tables); check --store'
+    with pytest.raises(BadInput, match="^" + re.escape(said) + "$"):
+        await SQLiteStore(db, create=False).open()
+    # the process that fires a store it did not create looks before it takes the firing lock
+    firer = SQLiteStore(db, create=False)
+    with pytest.raises(BadInput, match="^" + re.escape(said) + "$"):
+        await firer.take_firing_lock("a")
+    with pytest.raises(BadInput, match="^" + re.escape(said) + "$"):
+        async with connect(f"sqlite:///{db}"):
+            pass
+    assert db.read_bytes() == made
+    assert [p.name for p in tmp_path.iterdir()] == ["otherapp.db"]
+
+
+async def test_a_store_copied_in_rollback_mode_opens_and_is_written_in_wal_again(tmp_path: Path) -> None:
+    # VACUUM INTO (a backup) writes a rollback-journal file: schedtui's own, so it is opened
+    # to write (in WAL, as every store) once known to be one.
+    made = SQLiteStore(tmp_path / "state.db")
+    await made.open()
+    await made.close()
+    copy = tmp_path / "copy.db"
+    with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as conn:
+        conn.execute("VACUUM INTO ?", (str(copy),))
+    assert copy.read_bytes()[18:20] == b"\x01\x01"
+    store = SQLiteStore(copy, create=False)
+    await store.open()
+    try:
+        await store.take_firing_lock("a")
+        await store._write(executing("UPDATE schema_version SET version = version"))
+        assert await store._read(lambda c: c.execute("SELECT version FROM schema_version").fetchone()) == (len(MIGRATIONS),)
+    finally:
+        await store.close()
+    assert copy.read_bytes()[18:20] == b"\x02\x02"

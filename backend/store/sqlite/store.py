@@ -61,6 +61,7 @@ from backend.store.sqlite.writer import (
     _STOP,
     _WAKE,
     _connect,
+    _connect_to_look,
     _Flush,
     _is_trouble,
     _Peek,
@@ -135,13 +136,11 @@ class SQLiteStore(
             create_private(self.path)
         warn_if_shared(self.path)
         if not self.create:
-            with contextlib.suppress(OSError):
-                if self.path.stat().st_size == 0:  # (SQLite would make it one, switching it to WAL)
-                    raise BadInput(
-                        f'the file "{self.path}" is empty, not a schedtui store; check --store (only `schedtui serve` '
-                        "and `schedtui demo` create a store)",
-                        field="store",
-                    )
+            # A verb's or a console's look is a read: it never changes the schema (under a
+            # running serve of an older release), nor makes a store of a stray file. The
+            # process that fires the store migrates an older one.
+            check = self._require_store if self._firing_lock is not None else self._require_current
+            await in_own_thread(self._look_first, check, name="schedtui store look")
         self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="schedtui-sqlite-reader")
         writer = _Writer(str(self.path), create=self.create)
         writer.start()
@@ -158,10 +157,6 @@ class SQLiteStore(
             if self.create or self._firing_lock is not None:
                 await self._write(self._migrate)
                 await self._write_kept()
-            else:
-                # A verb's or a console's look is a read: it never changes the schema (under a
-                # running serve of an older release), nor makes a store of a stray file.
-                await self._peek(self._require_current)
         except BaseException:
             # Failed or cancelled: no thread of it outlives the open (a writer left waiting
             # would keep the process from exiting).
@@ -173,13 +168,42 @@ class SQLiteStore(
                 self._reader = None
             raise
 
-    def _require_current(self, conn: sqlite3.Connection) -> None:
+    def _look_first(self, check: Callable[[sqlite3.Connection], object]) -> None:
+        """Refuse the file unless it is a schedtui store that passes ``check``, found on a
+        read-only connection, before anything opens it to write or makes a file beside it
+        (blocking: call it on a thread). The writer's open switches the file to WAL, in its
+        header, for good: another application's database, named by a mistaken --store,
+        kept that change (and a -wal and -shm beside it) though it was refused."""
+        refuse_other_names(self.path)
+        with contextlib.suppress(OSError):
+            if self.path.stat().st_size == 0:
+                raise BadInput(
+                    f'the file "{self.path}" is empty, not a schedtui store; check --store (only `schedtui serve` '
+                    "and `schedtui demo` create a store)",
+                    field="store",
+                )
+        try:
+            with contextlib.closing(_connect_to_look(str(self.path))) as conn:
+                check(conn)
+        except sqlite3.Error as exc:
+            if not _is_trouble(exc):
+                raise
+            require_file(self.path)  # deleted in between: say so plainly
+            raise Unavailable(f'cannot open the store "{self.path}": {explain(exc, self.path.parent)}') from exc
+
+    def _require_store(self, conn: sqlite3.Connection) -> int:
+        """Refuse a file without schedtui's tables, or of a schema newer than this code's;
+        its schema's version."""
         if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'schema_version'").fetchone():
             raise BadInput(
                 f'the file "{self.path}" is not a schedtui store (an SQLite file without its tables); check --store',
                 field="store",
             )
-        version = self._core_version(conn, str(self.path))
+        return self._core_version(conn, str(self.path))
+
+    def _require_current(self, conn: sqlite3.Connection) -> None:
+        """Refuse what :meth:`_require_store` does, and a store whose schema is behind this code's."""
+        version = self._require_store(conn)
         if version < len(MIGRATIONS) or not sqlite_components_current(conn, components_of(type(self))):
             raise Unavailable(
                 f'the store "{self.path}" was made by an older schedtui (its schema is behind this one\'s): upgrade it '
@@ -278,6 +302,9 @@ class SQLiteStore(
         they fire)."""
         if self._firing_lock is not None:
             return
+        if not self.create:
+            # (before the lock file and the reserve are made beside it)
+            await in_own_thread(self._look_first, self._require_store, name="schedtui store look")
         hold = asyncio.ensure_future(in_own_thread(partial(firing.hold, self.path, instance, single=not claims, create=self.create),
                                                    name="schedtui firing lock"))
         try:

@@ -34,13 +34,25 @@ T = TypeVar("T")
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 
+def _uri(path: str, mode: str) -> str:
+    """The URI SQLite opens the file ``path`` by in ``mode`` (``ro``, ``rw``): its bytes
+    quoted, so that a name with ``?``, ``#`` or ``%`` (or not UTF-8) is the file's own."""
+    return f"file:{urllib.parse.quote(os.fsencode(path))}?mode={mode}"
+
+
+def _connect_to_look(path: str) -> sqlite3.Connection:
+    """A read-only connection to the existing file ``path``. It writes nothing to the file:
+    :func:`_connect` switches the file to WAL, in its header, for good, so a file not yet
+    known to be a store is looked at by this first."""
+    return sqlite3.connect(_uri(path, "ro"), uri=True, timeout=15.0, isolation_level=None, check_same_thread=False)
+
+
 def _connect(path: str, *, create: bool = True) -> sqlite3.Connection:
     if create:
         conn = sqlite3.connect(path, timeout=15.0, isolation_level=None, check_same_thread=False)
     else:
         # mode=rw opens an existing file and never creates one: a typo must not make a store.
-        uri = f"file:{urllib.parse.quote(path)}?mode=rw"
-        conn = sqlite3.connect(uri, uri=True, timeout=15.0, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(_uri(path, "rw"), uri=True, timeout=15.0, isolation_level=None, check_same_thread=False)
     for attempt in range(50):
         try:
             conn.execute("PRAGMA journal_mode = WAL")
