@@ -1,25 +1,32 @@
 """Discovering definitions in the definitions folder (``--schedules DIR``).
 
 The folder is searched, recursively, for ``*.cron.py``, ``*.jobs.py`` and ``*.durable.py``
-files. Each is imported by path, and every module-level object that is an instance of a
-*registered definition type* is collected, and so is every definition the file made while
-it was imported without binding it to a name (:mod:`backend.defined`), whatever the file's suffix: the suffix tells
-readers what a file is mostly about, not what it may define. :class:`~backend.schedules.Schedule`
-is registered here; the queue and durable-function types register themselves with
-:func:`register_definition_type` when their modules are imported (a file that defines one
-imports its module first, so the type is always known before its instances appear).
+files, through its folders that are symlinks too, each file once (see
+:func:`_definition_entries`). Each is imported by path, and every module-level object that
+is an instance of a *registered definition type* is collected, and so is every definition
+the file made while it was imported without binding it to a name (:mod:`backend.defined`),
+whatever the file's suffix: the suffix tells readers what a file is mostly about, not what
+it may define. :class:`~backend.schedules.Schedule` is registered here; the queue and
+durable-function types register themselves with :func:`register_definition_type` when
+their modules are imported (a file that defines one imports its module first, so the type
+is always known before its instances appear).
 
-Every problem is collected before anything is refused: a file that fails to import (its
-path and the line that failed), and two definitions of one kind sharing a name (both
-places). One :class:`DiscoveryError` then lists them all, so one bad file never hides
-another's error.
+Every problem is collected before anything is refused: an entry named like a definitions
+file that is not a file it can read (a dangling link, a folder, a FIFO), a file that fails
+to import (its path and the line that failed), and two definitions of one kind sharing a
+name (both places). One :class:`DiscoveryError` then lists them all, so one bad file never
+hides another's error.
 """
 
 from __future__ import annotations
 
+import errno
+import fnmatch
 import importlib.util
 import logging
+import os
 import re
+import stat
 import sys
 import threading
 import traceback
@@ -104,10 +111,14 @@ def discover_definitions(folder: str | Path) -> Definitions:
     root = Path(folder)
     if not root.is_dir():
         raise DiscoveryError(f'schedules folder "{folder}" does not exist or is not a folder')
-    files = sorted({path for pattern in DEFINITION_PATTERNS for path in root.rglob(pattern) if path.is_file()})
+    entries = _definition_entries(root)
+    files = [path for path, problem in entries if problem is None]
     problems: list[tuple[str, BaseException | None]] = []
     found: dict[tuple[int, str], tuple[Any, Path]] = {}
-    for path in files:
+    for path, problem in entries:
+        if problem is not None:
+            problems.append((problem, None))
+            continue
         try:
             loaded = _load_file(path)
         except _BadFile as bad:
@@ -129,6 +140,79 @@ def discover_definitions(folder: str | Path) -> Definitions:
         raise _discovery_error(problems)
     items = tuple(found[key][0] for key in sorted(found))
     return Definitions(items=items, files=tuple(files))
+
+
+def _definition_entries(root: Path) -> list[tuple[Path, str | None]]:
+    """Every entry below ``root`` named like a definitions file, by path, with what keeps it
+    from being imported as one (``None``: a file to import). Folders that are symlinks are
+    searched too (a release linked in), each folder once: a link back up is no loop, and a
+    file found by two paths (a link to it, a second link to its folder) is one file, taken
+    by the first of them."""
+    entries: dict[Path, str | None] = {}
+    files: dict[tuple[int, int], Path] = {}
+    folders: set[tuple[int, int]] = set()
+    for top, subfolders, names in os.walk(root, followlinks=True, onerror=_unsearchable):
+        subfolders.sort()  # (searched in path order: the first of two paths is the one taken)
+        try:
+            st = os.stat(top)
+        except OSError:
+            subfolders.clear()
+            continue
+        if (st.st_dev, st.st_ino) in folders:
+            subfolders.clear()
+            continue
+        folders.add((st.st_dev, st.st_ino))
+        for name in sorted([*subfolders, *names]):
+            if not any(fnmatch.fnmatchcase(name, pattern) for pattern in DEFINITION_PATTERNS):
+                continue
+            path = Path(top, name)
+            problem, identity = _what_it_is(path)
+            if identity is not None and identity in files:
+                continue  # one file, found again
+            if identity is not None:
+                files[identity] = path
+            entries[path] = problem
+    return sorted(entries.items())
+
+
+def _what_it_is(path: Path) -> tuple[str | None, tuple[int, int] | None]:
+    """What keeps the entry ``path`` from being imported (``None``: a regular file it can
+    read), and the file it leads to (device, inode)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if os.path.islink(path) and exc.errno == errno.ENOENT:
+            target = os.readlink(path)
+            # (where a relative target, or a link it leads to, ends: seen from the folder it is in)
+            chain = not os.path.isabs(target) or os.path.islink(target)
+            beyond = f", which leads to {os.path.realpath(path)}" if chain else ""
+            return f"{path} is a link to {target}{beyond}, which does not exist", None
+        if exc.errno == errno.ELOOP:
+            return f"{path} is a link that leads round in a loop (to {os.readlink(path)})", None
+        return f"{path}: cannot be read: {exc.strerror or exc}", None
+    link = f" (a link to {os.readlink(path)})" if os.path.islink(path) else ""
+    if not stat.S_ISREG(st.st_mode):
+        what = (
+            "a folder" if stat.S_ISDIR(st.st_mode)
+            else "a named pipe (FIFO)" if stat.S_ISFIFO(st.st_mode)
+            else "a socket" if stat.S_ISSOCK(st.st_mode)
+            else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "not a regular file"
+        )  # fmt: skip
+        return f"{path} is {what}{link}, not a definitions file", None
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        return f"{path}: cannot be read{link}: {exc.strerror or exc}", None
+    return None, (st.st_dev, st.st_ino)
+
+
+def _unsearchable(exc: OSError) -> None:
+    log.warning(
+        "the definitions folder %s cannot be searched (%s): no definitions file in it is found",
+        exc.filename, exc.strerror or exc,
+    )  # fmt: skip
 
 
 def _discovery_error(problems: list[tuple[str, BaseException | None]]) -> DiscoveryError:

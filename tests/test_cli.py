@@ -267,6 +267,26 @@ def test_every_bad_file_is_named_and_serve_refuses_to_start(cli: Cli) -> None:
     assert "refuses to start" in cli("serve", "--help", store=False).stdout
 
 
+def test_a_dangling_definitions_link_is_named_and_serve_refuses_to_start(cli: Cli) -> None:
+    # A release folder gone: `list` showed the others and serve started without it.
+    (cli.root / "schedules" / "nightly.cron.py").symlink_to("/srv/release-42/nightly.cron.py")
+    for args in (["list"], ["serve"]):
+        done = cli(*args, real=args == ["serve"])
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines()[-1:] == [
+            "schedtui: schedules/nightly.cron.py is a link to /srv/release-42/nightly.cron.py, which does not exist",
+        ]
+        assert "starting" not in done.stderr
+    # and a folder of definitions linked in is searched
+    (cli.root / "schedules" / "nightly.cron.py").unlink()
+    write_tree(cli.root / "shared-defs", {"linked.cron.py": """
+        from backend import define_schedule
+        linked = define_schedule(name="linked", cron="0 4 * * *", timezone="UTC", handler=print)
+    """})  # fmt: skip
+    (cli.root / "schedules" / "shared").symlink_to("../shared-defs")
+    assert "linked" in [columns(line)[0] for line in cli.ok("list").stdout.splitlines()[1:]]
+
+
 def test_the_version_is_the_packages_own(cli: Cli) -> None:
     """One place says it (pyproject.toml, through the package's metadata): the command and
     ``backend.__version__`` said 0.1.0 by hand through two rounds of schema changes."""

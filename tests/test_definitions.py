@@ -3,6 +3,7 @@ their modules, and every problem reported at once."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,59 @@ def test_every_bad_file_is_reported_at_once(tmp_path: Path) -> None:
     ]
     assert str(info.value) == "5 problems in the definitions:\n" + "\n".join(f"  {p}" for p in problems)
     assert info.value.__cause__ is not None  # the first failing file's exception
+
+
+def test_an_entry_named_like_a_definitions_file_that_is_no_file_to_import_is_a_problem(tmp_path: Path) -> None:
+    """A dangling link (a release folder gone), a folder, a FIFO: each was skipped without a
+    word (serve started without it, and its alerts resolved as "no longer defined")."""
+    write(tmp_path / "a_good.cron.py", schedule_file("fine"))
+    gone = tmp_path / "nightly.cron.py"
+    gone.symlink_to("/srv/release-42/nightly.cron.py")
+    relative = tmp_path / "sub" / "weekly.jobs.py"
+    relative.parent.mkdir()
+    relative.symlink_to("../../old/weekly.jobs.py")
+    folder = tmp_path / "folder.durable.py"
+    folder.mkdir()
+    fifo = tmp_path / "pipe.cron.py"
+    os.mkfifo(fifo)  # (imported, it would hold the start for good)
+    loop = tmp_path / "loop.cron.py"
+    loop.symlink_to(loop.name)
+    with pytest.raises(DiscoveryError) as info:
+        discover(tmp_path)
+    assert info.value.problems == [
+        f"{folder} is a folder, not a definitions file",
+        f"{loop} is a link that leads round in a loop (to loop.cron.py)",
+        f"{gone} is a link to /srv/release-42/nightly.cron.py, which does not exist",
+        f"{fifo} is a named pipe (FIFO), not a definitions file",
+        f"{relative} is a link to ../../old/weekly.jobs.py, which leads to {tmp_path.parent / 'old/weekly.jobs.py'}, "
+        "which does not exist",
+    ]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_a_definitions_file_that_cannot_be_read_is_a_problem(tmp_path: Path) -> None:
+    locked = write(tmp_path / "locked.cron.py", schedule_file("locked"))
+    locked.chmod(0)
+    with pytest.raises(DiscoveryError) as info:
+        discover(tmp_path)
+    assert info.value.problems == [f"{locked}: cannot be read: Permission denied"]
+
+
+def test_a_linked_folder_is_searched_and_a_file_found_by_two_paths_is_one(tmp_path: Path) -> None:
+    """A folder of definitions linked in (a release, a shared checkout) was not searched:
+    Python's rglob does not enter a linked folder. It is now, each folder once (a link back
+    up is no loop), and a file that two paths lead to is imported once, by the first."""
+    root = tmp_path / "schedules"
+    write(root / "a.cron.py", schedule_file("a"))
+    write(tmp_path / "shared-defs" / "b.cron.py", schedule_file("b"))
+    (root / "shared").symlink_to("../shared-defs")
+    (root / "again").symlink_to(tmp_path / "shared-defs")  # the same folder by a second link
+    (root / "alias.cron.py").symlink_to("a.cron.py")  # the same file by a second name
+    (tmp_path / "shared-defs" / "up").symlink_to("..")  # back up: no loop
+    found = discover_definitions(root)
+    assert [s.name for s in found.schedules] == ["a", "b"]
+    assert [p.relative_to(root).as_posix() for p in found.files] == ["a.cron.py", "again/b.cron.py"]
+    assert next(s for s in found.schedules if s.name == "b").source == f"{root / 'again' / 'b.cron.py'}:4"
 
 
 def test_an_exception_whose_text_cannot_be_read_is_reported_with_the_others(tmp_path: Path) -> None:
