@@ -412,7 +412,8 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
 
     ``create=False`` is for callers that only read or act: a SQLite file that does not
     exist is refused (:class:`~backend.errors.NotFound`, naming the path) rather than
-    created empty. (A PostgreSQL database is never created; its tables are, by whoever
+    created empty, and one that is not a schedtui store is refused before anything is
+    written to it. (A PostgreSQL database is never created; its tables are, by whoever
     connects first.)"""
     url = url or DEFAULT_STORE_URL
     # Error texts may quote the URL (libpq echoes what it cannot parse): keep its secrets out.

@@ -78,7 +78,9 @@ class SQLiteStore(
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
     ``create=False`` refuses a file that does not exist (:class:`NotFound`, naming it) instead
-    of creating an empty store there: at once, and again in :meth:`open`.
+    of creating an empty store there: at once, and again in :meth:`open`. It refuses a file
+    that is not a schedtui store (:class:`BadInput`) on a read-only look, before anything
+    writes to it (see :meth:`_look_first`).
     """
 
     kind = "sqlite"
