@@ -3,14 +3,16 @@ their modules, and every problem reported at once."""
 
 from __future__ import annotations
 
+import errno
 import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from backend import DiscoveryError, discover, discover_definitions
+from backend import DiscoveryError, definitions, discover, discover_definitions
 from backend.definitions import register_definition_type
 from backend.schedules import Schedule
 
@@ -150,10 +152,19 @@ def test_an_entry_named_like_a_definitions_file_that_is_no_file_to_import_is_a_p
     ]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_a_definitions_file_that_cannot_be_read_is_a_problem(tmp_path: Path) -> None:
+def test_a_definitions_file_that_cannot_be_read_is_a_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As another user meets a file of mode 0 (root, as the suite runs in CI, reads it): its
+    opening is refused."""
     locked = write(tmp_path / "locked.cron.py", schedule_file("locked"))
     locked.chmod(0)
+    real = open
+
+    def refused(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(path) == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(definitions, "open", refused, raising=False)
     with pytest.raises(DiscoveryError) as info:
         discover(tmp_path)
     assert info.value.problems == [f"{locked}: cannot be read: Permission denied"]
