@@ -358,6 +358,44 @@ def test_fire_a_failing_handler_exits_1(cli: Cli) -> None:
     ] * 2
 
 
+@contextlib.contextmanager
+def refusing(how: str) -> Iterator[int]:
+    """A descriptor whose every write fails: a full disk (/dev/full, ENOSPC) or a pipe
+    whose reader has gone (EPIPE; Python ignores SIGPIPE)."""
+    if how == "full disk":
+        fd = os.open("/dev/full", os.O_WRONLY)
+    else:
+        reader, fd = os.pipe()
+        os.close(reader)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def with_stderr(cli: Cli, how: str, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``schedtui ARGS`` in a process of its own whose stderr refuses every write (see :func:`refusing`)."""
+    with refusing(how) as fd:
+        return subprocess.run(cli.argv(*args), cwd=cli.root, env=child_env(), stdout=subprocess.PIPE, stderr=fd,
+                              text=True, timeout=60, **kwargs)  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["full disk", "reader gone"])
+def test_fire_whose_stderr_refuses_its_line_still_says_how_the_run_went(cli: Cli, how: str) -> None:
+    """``schedtui fire x 2>/dev/full``: the line "fired x: run …" raised, the verb left with
+    exit 1 (141 on a closed pipe) and printed no run, though the run succeeded (found by an
+    outside attack). The line is lost; the run, its table and its exit code are not."""
+    done = with_stderr(cli, how, "fire", "hourly")
+    assert done.returncode == 0, done.stdout
+    row = columns(done.stdout.splitlines()[1])
+    assert row[2:5] == ["✓ succeeded", "manual", "manual"]
+    assert [run["status"] for run in cli.runs("hourly")] == ["succeeded"]
+    if how == "full disk":
+        done = with_stderr(cli, how, "fire", "failing")
+        assert done.returncode == 1, done.stdout
+        assert columns(done.stdout.splitlines()[1])[2] == "✗ failed"
+
+
 def test_fire_json(cli: Cli) -> None:
     done = cli("fire", "failing", "--json")
     assert done.returncode == 1
@@ -478,6 +516,19 @@ def test_backfill_fires_each_slot_in_order_with_progress_and_a_summary(cli: Cli)
     runs = cli.runs("hourly")
     assert [r["scheduled_at"] for r in runs] == [f"2026-01-01T0{h}:00:00Z" for h in range(5, 0, -1)]
     assert {(r["status"], r["trigger"], r["coordination_outcome"]) for r in runs} == {("succeeded", "manual", "manual")}
+
+
+@pytest.mark.parametrize("how", ["full disk", "reader gone"])
+def test_a_backfill_whose_stderr_refuses_its_progress_runs_to_its_end(cli: Cli, how: str) -> None:
+    """``schedtui backfill x … 2>/dev/full``: the verb's first line to stderr raised, the
+    verb left, its engine closed, and the backfill running in it was abandoned after its
+    first slot (found by an outside attack). A display that fails never cancels the work."""
+    done = with_stderr(cli, how, "backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T03:00Z")
+    assert done.returncode == 0, done.stdout
+    assert re.fullmatch(r"backfill \w{26} done: 3 fired, 3 succeeded, 0 failed, 0 remaining\n", done.stdout)
+    assert [slot for _, slot, _ in cli.log("hourly")] == [f"2026-01-01T0{h}:00:00+00:00" for h in (1, 2, 3)]
+    (end,) = [e for e in cli.json("audit") if e["action"] == "schedule.backfill_end"]
+    assert (end["detail"]["state"], end["detail"]["not_fired"]) == ("done", 0)
 
 
 def test_backfill_json_and_failures(cli: Cli) -> None:

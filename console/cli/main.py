@@ -459,11 +459,8 @@ def _resolve_tokens(args: argparse.Namespace, dest: str, env: str, *, several: b
         except BadInput as exc:
             raise UsageError(f"schedtui: {exc.message} (in {source})") from None
     if given is not None:  # (after the checks: a refusal is one line)
-        print(
-            f"schedtui: warning: {flag} on the command line can be read by every local user (ps); "
-            f"use {flag}-file PATH or ${env}",
-            file=sys.stderr,
-        )
+        say(f"schedtui: warning: {flag} on the command line can be read by every local user (ps); "
+            f"use {flag}-file PATH or ${env}")
     return tokens
 
 
@@ -489,8 +486,8 @@ def _alert_settings(args: argparse.Namespace) -> AlertSettings:
     and the timings; a bad one is a usage error naming it."""
     urls = list(args.notify)
     if args.notify:
-        print("schedtui: warning: --notify on the command line can be read by every local user (ps), and a "
-              "webhook URL holds its secret; use --notify-file PATH", file=sys.stderr)  # fmt: skip
+        say("schedtui: warning: --notify on the command line can be read by every local user (ps), and a "
+            "webhook URL holds its secret; use --notify-file PATH")
     if args.notify_file is not None:
         try:
             content = Path(args.notify_file).read_text(encoding="utf-8")
@@ -516,10 +513,9 @@ def _resolve_store(args: argparse.Namespace) -> None:
         raise UsageError("schedtui: give --store or --store-file, not both")
     if given is not None:
         if given.startswith(("postgresql:", "postgres:")) and redact_url(given) != given:  # (other schemes are refused)
-            print(
+            say(
                 "schedtui: warning: the password in --store can be read by every local user (ps); use --store-file PATH "
-                "or $SCHEDTUI_STORE, or a URL without it and libpq's $PGPASSFILE (~/.pgpass) or $PGPASSWORD",
-                file=sys.stderr,
+                "or $SCHEDTUI_STORE, or a URL without it and libpq's $PGPASSFILE (~/.pgpass) or $PGPASSWORD"
             )
     elif path is not None:
         try:
@@ -571,7 +567,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
-        print(in_lines(str(exc)), file=sys.stderr)
+        say(in_lines(str(exc)))
         return EXIT_USAGE
     handler = _verbs()[args.command]
     try:
@@ -640,11 +636,22 @@ async def _awaiting(task: asyncio.Task[int]) -> int:
 
 
 def complain(message: str) -> None:
-    """``schedtui: message`` on stderr, its control characters, bidirectional controls and
-    lone surrogates escaped (``\\x1b``, ``\\u202e``): a name, or a server's answer, quoted in
-    a message never reaches the terminal as a command (an escape sequence retitles the
-    window, clears the screen; an override draws the rest of the line backwards)."""
-    print(f"schedtui: {in_lines(message)}", file=sys.stderr)
+    """``schedtui: message`` on stderr (by :func:`say`), its control characters,
+    bidirectional controls and lone surrogates escaped (``\\x1b``, ``\\u202e``): a name, or a
+    server's answer, quoted in a message never reaches the terminal as a command (an escape
+    sequence retitles the window, clears the screen; an override draws the rest of the line
+    backwards)."""
+    say(f"schedtui: {in_lines(message)}")
+
+
+def say(text: str = "", *, end: str = "\n") -> None:
+    """``text`` on stderr: the command's own words beside its output (a run fired, a
+    backfill's progress, a warning, a refusal). A stream that refuses it (a full disk, a
+    reader gone, a closed stream) loses the words, never the work the verb waits for, nor
+    the exit code that says how that work went: the refusal left the verb, whose engine
+    then closed, and a backfill running in this process was abandoned after its first slot."""
+    with contextlib.suppress(OSError, ValueError):  # (ValueError: a stream closed)
+        print(text, end=end, file=sys.stderr, flush=True)
 
 
 def _engine(args: argparse.Namespace, *, create: bool = False, definitions_needed: bool = True, **kwargs: Any) -> Engine:
@@ -829,7 +836,7 @@ async def cmd_migrate(args: argparse.Namespace) -> int:
 async def cmd_manifest(args: argparse.Namespace) -> int:
     files = render_manifests(discover(args.schedules), args.provider, args.base_url)
     if not files:
-        print(f"schedtui: no schedule under {args.schedules} has trigger=\"external\"; nothing to write", file=sys.stderr)
+        say(f"schedtui: no schedule under {args.schedules} has trigger=\"external\"; nothing to write")
         return EXIT_OK
     if args.out:
         out = Path(args.out)

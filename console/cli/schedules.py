@@ -29,7 +29,7 @@ from backend.safetext import printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
 from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
-from console.cli.main import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, _print_json
+from console.cli.main import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, _print_json, say
 
 __all__ = ["DERIVED", "VERBS", "add_verbs", "runs_table", "schedules_table"]
 
@@ -112,7 +112,7 @@ def _show_runs(call: Call, page: RunsPage) -> None:
 
 async def _wait_run(call: Call, run: Run) -> Run:
     if not call.args.json:
-        print(f"fired {call.arguments['name']}: run {run.id}", file=sys.stderr)
+        say(f"fired {call.arguments['name']}: run {run.id}")  # (a stderr that refuses it loses the line only)
     return await call.backend.wait_run(run.id)
 
 
@@ -134,16 +134,15 @@ async def _plan_backfill(call: Call) -> int | None:
     if call.args.json:
         _print_json(plan.to_json())
     name, zone = call.arguments["name"], call.zone
-    print(
+    say(
         f"schedtui: backfill of {name} refused: {plan.count_text()} slot(s) in "
         f"({fmt.local_time(plan.start, zone)}, {fmt.local_time(plan.end, zone)}]: {plan.refusal}"
-        + (" (re-run with --yes after reading the count)" if "need confirmation" in (plan.refusal or "") else ""),
-        file=sys.stderr,
+        + (" (re-run with --yes after reading the count)" if "need confirmation" in (plan.refusal or "") else "")
     )
     if plan.reason == "needs confirmation":
-        print(f"schedtui: {_already_succeeded(plan, call.arguments['skip_succeeded'])}", file=sys.stderr)
+        say(f"schedtui: {_already_succeeded(plan, call.arguments['skip_succeeded'])}")
         if plan.live_effect():
-            print(f"schedtui: live slots: {plan.live_effect()}", file=sys.stderr)
+            say(f"schedtui: live slots: {plan.live_effect()}")
     return EXIT_REFUSED
 
 
@@ -159,19 +158,21 @@ def _already_succeeded(plan: BackfillPlan, skipped: bool) -> str:
 async def _follow_backfill(call: Call, progress: BackfillProgress) -> BackfillProgress:
     plan, zone = call.notes["plan"], call.zone
     count = progress.total if call.arguments["skip_succeeded"] else plan.count
-    print(
+    # On stderr by say(): a stream that refuses these lines (a full disk, a reader gone)
+    # loses them, never the backfill, which ran on to its end.
+    say(
         f"backfilling {count} slot(s) of {call.arguments['name']}: "
-        f"{fmt.local_time(plan.first, zone)} … {fmt.local_time(plan.last, zone)}",
-        file=sys.stderr,
+        f"{fmt.local_time(plan.first, zone)} … {fmt.local_time(plan.last, zone)}"
     )
-    print(_already_succeeded(plan, call.arguments["skip_succeeded"]), file=sys.stderr)
+    say(_already_succeeded(plan, call.arguments["skip_succeeded"]))
     if plan.live_effect():
-        print(f"live slots: {plan.live_effect()}", file=sys.stderr)
+        say(f"live slots: {plan.live_effect()}")
     return await follow_progress(call.backend, progress)
 
 
 async def follow_progress(backend: Backend, progress: BackfillProgress) -> BackfillProgress:
-    """Draw a backfill's progress on stderr until it ends; its last progress."""
+    """Draw a backfill's progress on stderr until it ends; its last progress. A stderr that
+    refuses the drawing loses it, never the backfill (see :func:`~console.cli.main.say`)."""
     tty = sys.stderr.isatty()
     shown = -1
     while True:
@@ -180,7 +181,7 @@ async def follow_progress(backend: Backend, progress: BackfillProgress) -> Backf
             _draw_progress(progress, tty)
         if progress.state != "running":
             if tty:
-                print(file=sys.stderr)
+                say()
             return progress
         await asyncio.sleep(0.1)  # polling for display only
         progress = await backend.backfill_progress(progress.id)
@@ -192,9 +193,9 @@ def _draw_progress(progress: BackfillProgress, tty: bool) -> None:
     bar = "#" * done + "." * (width - done)
     text = f"[{bar}] {progress.fired}/{progress.total}  failed {progress.failed}  remaining {progress.remaining}"
     if tty:
-        print(f"\r{text}", end="", file=sys.stderr, flush=True)
+        say(f"\r{text}", end="")
     elif progress.fired == progress.total or progress.total < 10 or progress.fired % max(1, progress.total // 10) == 0:
-        print(text, file=sys.stderr)
+        say(text)
 
 
 def _show_backfill(call: Call, progress: BackfillProgress) -> None:

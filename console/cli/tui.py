@@ -32,7 +32,7 @@ from backend.runtime.signals import HANGUP, on_stop_signals, why
 from backend.safetext import TerminalFormatter
 from console import format as fmt
 from console.cli.derive import Verb
-from console.cli.main import _CONSOLE, EXIT_OK, EXIT_USAGE, LOG_FORMAT, _configure_logging, _engine, complain
+from console.cli.main import _CONSOLE, EXIT_OK, EXIT_USAGE, LOG_FORMAT, _configure_logging, _engine, complain, say
 
 __all__ = ["CONSOLE_GRACE", "DERIVED", "VERBS", "add_verbs", "cmd_console", "cmd_demo"]
 
@@ -105,11 +105,8 @@ CONSOLE_GRACE = 5.0
 def _has_terminal() -> bool:
     if sys.stdin.isatty() and sys.stdout.isatty():
         return True
-    print(
-        "schedtui: the console needs a terminal (stdin and stdout are not a TTY); "
-        "for scripts use the verbs, see `schedtui --help`",
-        file=sys.stderr,
-    )
+    say("schedtui: the console needs a terminal (stdin and stdout are not a TTY); "
+        "for scripts use the verbs, see `schedtui --help`")
     return False
 
 
@@ -157,8 +154,7 @@ async def _run_console(app: Any, backend: Backend) -> int:
         try:
             if isinstance(backend, EmbeddedBackend):
                 why_now = f"{why(stopped_by[0])}: " if stopped_by else ""
-                print(f"schedtui: {why_now}stopping the engine (runs in flight get up to {CONSOLE_GRACE:g}s)",
-                      file=sys.stderr)  # fmt: skip
+                say(f"schedtui: {why_now}stopping the engine (runs in flight get up to {CONSOLE_GRACE:g}s)")
             try:
                 await asyncio.wait_for(backend.close(), CONSOLE_GRACE + 10)
             except (TimeoutError, SchedtuiError) as exc:
