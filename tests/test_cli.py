@@ -746,6 +746,31 @@ def test_a_reader_that_stops_reading_ends_the_verb_quietly(cli: Cli) -> None:
     assert process.stderr.read().decode() == ""
 
 
+@pytest.mark.parametrize(
+    ("args", "buffered"),
+    [(("list",), True), (("list",), False), (("runs", "hourly", "--json"), False), (("audit",), True),
+     (("fire", "hourly"), True), (("fire", "hourly"), False)],
+)  # fmt: skip
+def test_a_verb_whose_output_meets_a_full_disk_says_so_in_one_line(cli: Cli, args: tuple[str, ...], buffered: bool) -> None:
+    """``schedtui list >/dev/full``: a traceback of 40 lines (found by an outside attack).
+    One line, exit 1, whether the refusal comes as the verb prints (unbuffered) or as what
+    was buffered is written at its end. A ``fire`` whose run succeeded exits 1 too: its
+    output is lost (the run's outcome is in the ledger)."""
+    env = child_env()
+    if buffered:
+        del env["PYTHONUNBUFFERED"]
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(cli.argv(*args), cwd=cli.root, env=env, stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=60)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == "schedtui: cannot write the output: No space left on device", done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    if args[0] == "fire":
+        assert [run["status"] for run in cli.runs("hourly")] == ["succeeded"]
+    else:
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
 @pytest.mark.parametrize(("args", "code"), [(("list",), 0), (("runs", "--limit", "0"), 2)])
 def test_a_verb_started_with_its_output_closed_ends_as_it_would_have(cli: Cli, args: tuple[str, ...], code: int) -> None:
     """``schedtui list >&-`` (an init script, a daemonizer): every verb ended with a

@@ -570,8 +570,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(in_lines(str(exc)))
         return EXIT_USAGE
     handler = _verbs()[args.command]
+    output = _Output(sys.stdout)
     try:
-        with contextlib.nullcontext() if args.command in _OWN_OUTPUT else _verb_output():
+        with contextlib.nullcontext() if args.command in _OWN_OUTPUT else _verb_output(output):
             return _run(handler(args), args.command)
     except KeyboardInterrupt:
         return 130
@@ -588,12 +589,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         complain(exc.message)
         return EXIT_FAILURE
     except (OSError, ImportError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError) and output.refused_by(exc):
+            return _cannot_write(exc, output.stream)  # (a reader gone is run()'s: exit 141)
         # Out of file descriptors where no store or server said it first: a lazy import
         # (dlopen's failure is an ImportError), a log file, a socket. One line, not a traceback.
         if not _out_of_descriptors(exc):
             raise
         complain(f"{exc}: {short_of_descriptors() or 'this process has no file descriptor left (raise it: ulimit -n)'}")
         return EXIT_FAILURE
+
+
+class _Output:
+    """Standard output while a verb writes its output to it: the stream itself, but a write
+    or flush it refuses (a full disk) is remembered, so that the entry point tells that
+    refusal from any other OSError (a bug: a traceback) and says it in one line."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.refused: OSError | None = None
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)  # type: ignore[no-any-return]
+        except OSError as exc:
+            self.refused = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            self.refused = exc
+            raise
+
+    def refused_by(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is (or was raised in handling) the refusal of this stream."""
+        seen: BaseException | None = exc
+        while seen is not None:
+            if seen is self.refused:
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+def _cannot_write(exc: OSError, stream: Any) -> int:
+    """Standard output refused the verb's output (a full disk): one line saying so, exit 1
+    (what was to be read is lost, whatever the verb did: a fired run's outcome is in the
+    ledger, `schedtui runs`). What is still buffered for the stream, and Python's flush at
+    exit, go to /dev/null: they would fail again, with a traceback."""
+    complain(f"cannot write the output: {exc.strerror or exc}")
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # (a stream of no descriptor: in a test)
+        fd = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    return EXIT_FAILURE
 
 
 def _out_of_descriptors(exc: BaseException) -> bool:
@@ -754,14 +807,16 @@ _OWN_OUTPUT = frozenset({"serve", "console", "demo"})
 
 
 @contextlib.contextmanager
-def _verb_output() -> Iterator[None]:
-    """A verb's stdout is its own output (a table, JSON): what the handlers it runs (``fire``,
-    ``backfill``) print goes on to stderr, and the records they log at
-    ``$SCHEDTUI_LOG_LEVEL`` (INFO by default) are made, so that their runs' logs keep them
-    as ``serve``'s do (below the root's default, WARNING, they were never made). Nothing more
-    is printed: the verb's own words are its output and its one line on stderr."""
+def _verb_output(output: _Output) -> Iterator[None]:
+    """A verb's stdout is its own output (a table, JSON), written through ``output`` (which
+    remembers a refusal): what the handlers it runs (``fire``, ``backfill``) print goes on
+    to stderr, and the records they log at ``$SCHEDTUI_LOG_LEVEL`` (INFO by default) are
+    made, so that their runs' logs keep them as ``serve``'s do (below the root's default,
+    WARNING, they were never made). Nothing more is printed: the verb's own words are its
+    output and its one line on stderr."""
     root = logging.getLogger()
     level = root.level
+    sys.stdout = output
     try:
         root.setLevel(os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper())
     except ValueError:
@@ -771,6 +826,8 @@ def _verb_output() -> Iterator[None]:
             yield
     finally:
         root.setLevel(level)
+        if sys.stdout is output:  # (else an engine left open still wraps it: its capture puts it back)
+            sys.stdout = output.stream
 
 
 def _configure_logging() -> None:
@@ -890,6 +947,18 @@ def _fill_closed_standard_streams() -> None:
         setattr(sys, name, open(null, "w", encoding="utf-8", errors="backslashreplace"))  # noqa: SIM115 - the process's stream
 
 
+def _flushed(status: int) -> int:
+    """``status``, once what is still buffered for standard output is written (here, not at
+    exit): a closed pipe raises (see :func:`run`); a full disk is one line and exit 1."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        return _cannot_write(exc, sys.stdout)
+    return status
+
+
 def run() -> None:
     """The console script."""
     exitwatch.allow()
@@ -902,8 +971,7 @@ def run() -> None:
         if "" not in sys.path and here not in sys.path:
             sys.path.insert(0, here)
     try:
-        status = main()
-        sys.stdout.flush()  # (what is still buffered meets a closed pipe here, not at exit)
+        status = _flushed(main())
     except BrokenPipeError:
         # The reader stopped reading (`schedtui runs … --json | head`): nothing more to say,
         # and no traceback; Python's own flush at exit would fail again without this.
