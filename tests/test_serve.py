@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from backend.api.server import MAX_BODY_PIECES, MIN_PIECE_BYTES, STOP_WITHIN, se
 from backend.client.embedded import EmbeddedBackend
 from backend.ids import IdFactory
 from tests.servers import cli_env, poll, start_server, until
-from tests.test_cli import write_tree
+from tests.test_cli import refusing, write_tree
 
 EVERY_MINUTE = """
     from pathlib import Path
@@ -74,6 +76,32 @@ def test_a_taken_port_fails_at_once_and_fires_nothing(tmp_path: Path, kind: str,
     assert "Traceback" not in done.stderr and "starting" not in done.stderr  # the engine never started
     assert not (tmp_path / "fired.log").exists()  # catch-up fired nothing
     assert asyncio.run(_seed_and_count(url, seed=False)) == 1
+
+
+@pytest.mark.parametrize("how", ["full disk", "reader gone"])
+def test_a_stdout_that_refuses_the_serving_line_loses_the_line_not_the_server(tmp_path: Path, how: str) -> None:
+    """``schedtui serve --port 0 >/dev/full`` (a journal on a full disk, a reader gone): the
+    line ``schedtui: serving URL`` raised and serve died at start (found by an outside
+    attack). It is lost, the log says so once, and the server serves until stopped."""
+    (tmp_path / "schedules").mkdir()
+    log = tmp_path / "serve.log"
+    with refusing(how) as fd, log.open("w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "console.cli", "serve", "--store", f"sqlite:///{tmp_path / 'state.db'}", "--port", "0"],
+            cwd=tmp_path, env=cli_env(), stdout=fd, stderr=err,
+        )  # fmt: skip
+    try:
+        url = poll(lambda: re.search(r"API listening on (\S+)", log.read_text()), timeout=30, what="the API").group(1)
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+    said = log.read_text()
+    assert said.count(f"could not write `schedtui: serving {url}` to stdout") == 1, said
+    assert "Traceback" not in said and "Exception ignored" not in said, said
 
 
 # ---------------------------------------------------------------------------------------

@@ -548,7 +548,13 @@ async def _serve(
         bound = sock.getsockname()
         url = f"http://{_address(bound[0], bound[1])}"
         log.info("API listening on %s (%s)", url, "token required" if token_required else "no token: loopback only")
-        print(f"schedtui: serving {url}", flush=True)
+        try:
+            print(f"schedtui: serving {url}", flush=True)
+        except (OSError, ValueError) as exc:  # (ValueError: a stream closed)
+            # A stdout that refuses the line (a log file on a full disk, a reader gone) loses
+            # it, never the server: serve died at start. (A logging handler never raises.)
+            log.warning("could not write `schedtui: serving %s` to stdout (%s: %s); serving on", url,
+                        type(exc).__name__, exc)  # fmt: skip
         if on_ready is not None:
             on_ready(url)
     # A store file deleted while serving: stop, and exit 1 saying so.
