@@ -783,6 +783,17 @@ def test_a_verb_started_with_its_output_closed_ends_as_it_would_have(cli: Cli, a
     assert len(done.stderr.splitlines()) == (1 if code else 0), done.stderr
 
 
+@pytest.mark.parametrize("args", [(), ("--url", "http://127.0.0.1:9"), ("demo",)], ids=["console", "remote", "demo"])
+def test_the_console_started_with_its_input_closed_says_it_needs_a_terminal(cli: Cli, args: tuple[str, ...]) -> None:
+    """``schedtui <&-``: a traceback (``'NoneType' object has no attribute 'isatty'``) and
+    exit 1, where ``</dev/null`` says the console needs a terminal (found by an outside
+    attack). Standard input is /dev/null then too."""
+    done = subprocess.run(cli.argv(*args, store=not args), cwd=cli.root, env=child_env(), capture_output=True, text=True,
+                          preexec_fn=lambda: os.close(0), timeout=30, check=False)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("schedtui: the console needs a terminal") and done.stderr.count("\n") == 1, done.stderr
+
+
 # ---------------------------------------------------------------------------------------
 # bad usage: exit 2, one line on stderr naming the bad value, nothing on stdout
 # ---------------------------------------------------------------------------------------

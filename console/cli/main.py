@@ -931,20 +931,23 @@ EXIT_PIPE_CLOSED = 141
 
 
 def _fill_closed_standard_streams() -> None:
-    """Started with its standard output or error closed (``>&-``, some init scripts and
+    """Started with a standard stream closed (``>&-``, ``<&-``, some init scripts and
     daemonizers), Python gives ``None`` for it: every verb then ended with a traceback and
-    exit 1, a clean stop of serve too. What it writes there goes to /dev/null instead."""
-    for fd, name in ((1, "stdout"), (2, "stderr")):
+    exit 1, a clean stop of serve too, and the console with one (``'NoneType' object has no
+    attribute 'isatty'``). What it writes there goes to /dev/null instead, and it reads /dev/null
+    (the console then says it needs a terminal, as with ``</dev/null``); nor is the number
+    left free for the next file opened (the store's) to take."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         if getattr(sys, name) is not None:
             continue
-        null = os.open(os.devnull, os.O_WRONLY)
+        null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
         try:
             os.fstat(fd)
         except OSError:  # still closed: the stream's own number, so children inherit it too
             os.dup2(null, fd)
             os.close(null)
             null = fd
-        setattr(sys, name, open(null, "w", encoding="utf-8", errors="backslashreplace"))  # noqa: SIM115 - the process's stream
+        setattr(sys, name, open(null, mode, encoding="utf-8", errors="backslashreplace"))  # noqa: SIM115 - the process's stream
 
 
 def _flushed(status: int) -> int:
