@@ -32,7 +32,7 @@ from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import discover_definitions
 from backend.durable.service import parse_json_option
-from tests.servers import FOREIGN_ANSWERS, INSPECT_INFO, Reply, json_server, start_server
+from tests.servers import FOREIGN_ANSWERS, INSPECT_INFO, Reply, json_server, run_main, start_server
 from tests.test_cli import SCHEDULES, Cli, child_env, create_store, write_tree
 
 DEEP = "[" * 10_000 + "]" * 10_000
@@ -327,6 +327,51 @@ def test_an_empty_folder_or_store_is_refused_not_taken_for_the_default(cli: Cli,
     """``--schedules ''`` read the working directory; ``--store ''`` the default store."""
     line = refused(real(cli, "list", option, "", store=False))
     assert line == f"schedtui: {option} is empty: name one, or leave the option out for its default"
+
+
+# ---------------------------------------------------------------------------------------
+# $SCHEDTUI_LOG_LEVEL, $SCHEDTUI_LOG_FILE
+# ---------------------------------------------------------------------------------------
+LEVELS = "DEBUG, INFO, WARNING, ERROR, CRITICAL"
+
+
+def with_env(cli: Cli, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``schedtui ARGS --store …`` in this process, with ``env`` added to a child's environment."""
+    return run_main(cli.root, *args, "--store", cli.store, env={**child_env(), **env})
+
+
+@pytest.mark.parametrize(("value", "shown"), [("bogus", "bogus"), ("10", "10"), ("info\x1b[2J", "info\\x1b[2J")])
+@pytest.mark.parametrize("args", [["list"], ["serve"], ["demo", "--headless"], ["demo"], ["console"]], ids=" ".join)
+def test_a_log_level_that_is_no_level_is_refused_by_every_command_alike(
+    cli: Cli, args: list[str], value: str, shown: str
+) -> None:
+    """It crashed serve, demo and the console with a ValueError traceback (serve once its
+    port was bound), and the other verbs took it silently for INFO (found by an outside
+    attack). Now every command refuses it as it reads its arguments, naming it."""
+    store = [] if args[0] == "demo" else ["--store", cli.store]
+    line = refused(run_main(cli.root, *args, *store, env={**child_env(), "SCHEDTUI_LOG_LEVEL": value}))
+    assert line == f'schedtui: $SCHEDTUI_LOG_LEVEL "{shown}" is not one of {LEVELS}'
+
+
+@pytest.mark.parametrize("value", ["", "debug", " Warning ", "CRITICAL"])
+def test_a_log_level_is_named_in_any_case_and_empty_is_unset(cli: Cli, value: str) -> None:
+    assert with_env(cli, "list", SCHEDTUI_LOG_LEVEL=value).returncode == 0
+
+
+@pytest.mark.parametrize(("where", "reason"), [("missing/x.log", "No such file or directory"), (".", "Is a directory")])
+@pytest.mark.parametrize("args", [["console"], ["demo"]], ids=" ".join)
+def test_a_log_file_that_cannot_be_opened_is_refused_before_anything_starts(
+    cli: Cli, args: list[str], where: str, reason: str
+) -> None:
+    """The console opened ``$SCHEDTUI_LOG_FILE`` once its engine had started, and ended in a
+    traceback when it could not; now it is tried as the command is read. The verbs that
+    never log there take no notice of it."""
+    path = cli.root / where
+    store = [] if args[0] == "demo" else ["--store", cli.store]
+    line = refused(run_main(cli.root, *args, *store, env={**child_env(), "SCHEDTUI_LOG_FILE": str(path)}))
+    assert line == f'schedtui: $SCHEDTUI_LOG_FILE "{path}" cannot be opened: {reason}'
+    assert not path.parent.exists() or path.is_dir()
+    assert with_env(cli, "list", SCHEDTUI_LOG_FILE=str(path)).returncode == 0
 
 
 @pytest.mark.parametrize("digits", ["9" * 5000, "-" + "9" * 5000, "0" * 4999 + "5000", "9" * 4999 + "x"])

@@ -377,6 +377,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.command = f"{args.verb} {args.subverb}" if getattr(args, "subverb", None) else args.verb
     if args.command not in _verbs():
         raise UsageError(f"schedtui {args.verb}: say what to do (see `schedtui {args.verb} --help`)")
+    log_level()  # (checked here, for every command alike, before any engine or firing lock)
+    if args.command == "console" or (args.command == "demo" and not args.headless):  # (the commands that log there)
+        _check_log_file()
     accepted = {action.dest for action in by_verb[args.command]._actions}
     for option in SHARED:
         if hasattr(args, option.dest) and option.dest not in accepted:
@@ -801,6 +804,36 @@ def _print_json(value: Any) -> None:
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
+#: What ``$SCHEDTUI_LOG_LEVEL`` may name, in any case (a number is refused: it reads as a
+#: mistake, and no release took one).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def log_level() -> int:
+    """``$SCHEDTUI_LOG_LEVEL``'s level; INFO when it is unset or empty. Any other value is
+    refused (:class:`UsageError`, naming it and the levels there are): it crashed serve,
+    demo and the console with a traceback, and the other verbs took it silently for INFO."""
+    value = os.environ.get("SCHEDTUI_LOG_LEVEL", "").strip()
+    if not value:
+        return logging.INFO
+    if value.upper() not in LOG_LEVELS:
+        raise UsageError(f'schedtui: $SCHEDTUI_LOG_LEVEL "{printable(value)}" is not one of {", ".join(LOG_LEVELS)}')
+    return logging.getLevelNamesMapping()[value.upper()]
+
+
+def _check_log_file() -> None:
+    """``$SCHEDTUI_LOG_FILE`` (where the console logs; empty is unset) can be opened to
+    append to, or a :class:`UsageError` names it and why: the console ended with a
+    traceback, once its engine had started."""
+    path = os.environ.get("SCHEDTUI_LOG_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f'schedtui: $SCHEDTUI_LOG_FILE "{printable(path)}" cannot be opened: {exc.strerror or exc}') from None
+
 
 #: The commands that set up their own logging and streams (a journal, a screen).
 _OWN_OUTPUT = frozenset({"serve", "console", "demo"})
@@ -817,10 +850,7 @@ def _verb_output(output: _Output) -> Iterator[None]:
     root = logging.getLogger()
     level = root.level
     sys.stdout = output
-    try:
-        root.setLevel(os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper())
-    except ValueError:
-        root.setLevel(logging.INFO)
+    root.setLevel(log_level())  # (checked as the command was read)
     try:
         with handler_prints_to_stderr():
             yield
@@ -833,7 +863,7 @@ def _verb_output(output: _Output) -> Iterator[None]:
 def _configure_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(TerminalFormatter(LOG_FORMAT))  # no store password, no token, no escape sequence, ever
-    logging.basicConfig(level=os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper(), handlers=[handler])
+    logging.basicConfig(level=log_level(), handlers=[handler])
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:

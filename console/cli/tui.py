@@ -32,7 +32,7 @@ from backend.runtime.signals import HANGUP, on_stop_signals, why
 from backend.safetext import TerminalFormatter
 from console import format as fmt
 from console.cli.derive import Verb
-from console.cli.main import _CONSOLE, EXIT_OK, EXIT_USAGE, LOG_FORMAT, _configure_logging, _engine, complain, say
+from console.cli.main import _CONSOLE, EXIT_OK, EXIT_USAGE, LOG_FORMAT, _configure_logging, _engine, complain, log_level, say
 
 __all__ = ["CONSOLE_GRACE", "DERIVED", "VERBS", "add_verbs", "cmd_console", "cmd_demo"]
 
@@ -111,13 +111,14 @@ def _has_terminal() -> bool:
 
 
 def _quiet_logging() -> None:
-    """Log lines would tear the console's screen: send them to $SCHEDTUI_LOG_FILE, or nowhere."""
+    """Log lines would tear the console's screen: send them to $SCHEDTUI_LOG_FILE, or nowhere
+    (both variables were checked as the command was read)."""
     path = os.environ.get("SCHEDTUI_LOG_FILE")
     handler: logging.Handler = logging.FileHandler(path) if path else logging.NullHandler()
     handler.setFormatter(TerminalFormatter(LOG_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper())
+    root.setLevel(log_level())
 
 
 def _keymap() -> dict[str, str]:
