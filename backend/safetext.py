@@ -210,22 +210,36 @@ class TerminalFormatter(RedactingFormatter):
         return in_lines(super().format(record))
 
 
-#: What :func:`in_line` and :func:`printable` escape: control characters, line separators,
-#: lone surrogates, and the bidirectional embedding, override and isolate controls, which
-#: make a terminal that honours them draw the rest of the line in another order (a
-#: holder's name, a description: whoever wrote the row; a name typed, quoted back).
+#: What a terminal draws in no cell, or takes for a command: control characters, line
+#: separators, lone surrogates, and the bidirectional embedding, override and isolate
+#: controls, which make a terminal that honours them draw the rest of the line in another
+#: order (a holder's name, a description: whoever wrote the row; a name typed, quoted back).
 _NOT_IN_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+#: The other format characters (Unicode's category Cf): invisible, so a value quoted in a
+#: message looked like a good one (a file saved with a byte-order mark, U+FEFF; a zero-width
+#: space). All of them but the zero-width joiner and non-joiner, which join the letters of
+#: some scripts and the emoji of a sequence: text that holds them is text as written.
+_FORMAT = (
+    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b\u200e\u200f\u2060-\u2064\u206a-\u206f"
+    "\ufeff\ufff9-\ufffb\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0001\U000e0020-\U000e007f"
+)
+
+#: What :func:`in_line` and :func:`printable` escape: :data:`_NOT_IN_LINE` and :data:`_FORMAT`.
+_ESCAPED_IN_LINE = re.compile(rf"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff{_FORMAT}]")
 
 
 def in_line(text: str) -> str:
     """``text`` fit for one line of a terminal, whole: every control character, line
-    separator, bidirectional control and lone surrogate as its escape (``\\x1b``,
-    ``\\u202e``). What the command line's tables and messages show of stored text."""
-    return _NOT_IN_LINE.sub(_escape, text)
+    separator, bidirectional control, lone surrogate and other invisible format character
+    as its escape (``\\x1b``, ``\\u202e``, ``\\ufeff``). What the command line's tables and
+    messages show of stored text."""
+    return _ESCAPED_IN_LINE.sub(_escape, text)
 
 
-#: :data:`_NOT_IN_LINE` but tab and newline: what :func:`in_lines` escapes.
-_NOT_IN_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+#: :data:`_ESCAPED_IN_LINE` but tab and newline: what :func:`in_lines` escapes.
+_NOT_IN_LINES = re.compile(rf"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff{_FORMAT}]")
 
 
 def in_lines(text: str) -> str:
@@ -237,9 +251,17 @@ def in_lines(text: str) -> str:
 def in_json(text: str) -> str:
     """JSON text (``json.dumps(..., ensure_ascii=False)``, which escapes only the C0
     controls) with each other character :func:`in_lines` would escape written as its JSON
-    escape (``\\u202e``, ``\\u009b``): the same JSON, safe for a terminal. (None of them
-    can stand outside a JSON string.)"""
-    return _NOT_IN_LINES.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    escape (``\\u202e``, ``\\u009b``; one past U+FFFF as its surrogate pair): the same JSON,
+    safe for a terminal. (None of them can stand outside a JSON string.)"""
+    return _NOT_IN_LINES.sub(_json_escape, text)
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def never_drawn(text: str) -> str:
@@ -259,7 +281,7 @@ def printable(text: str, limit: int = 200) -> str:
     ``limit`` characters: what a client sent, fit for one log line."""
     if len(text) > limit:
         text = text[:limit] + "…"
-    return _NOT_IN_LINE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+    return _ESCAPED_IN_LINE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
 
 
 #: Characters a stored text may not hold: control characters but tab and newline (NUL is
@@ -274,8 +296,8 @@ _NOT_JSON_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
 
 
 def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def escape_text(text: str) -> str:

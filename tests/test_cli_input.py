@@ -32,6 +32,7 @@ from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import discover_definitions
 from backend.durable.service import parse_json_option
+from console.cli.main import parse_args
 from tests.servers import FOREIGN_ANSWERS, INSPECT_INFO, Reply, json_server, run_main, start_server
 from tests.test_cli import SCHEDULES, Cli, child_env, create_store, write_tree
 
@@ -224,6 +225,21 @@ def test_a_token_from_its_file_or_variable_is_checked_too(cli: Cli, listening: s
 def test_a_token_file_path_is_shown_escaped(cli: Cli) -> None:
     line = refused(cli("--url", "http://127.0.0.1:9", "--token-file", "no\x1b[31mfile", "list", store=False))
     assert "no\\x1b[31mfile" in line and "\x1b" not in line
+
+
+def test_files_saved_with_a_byte_order_mark_are_read_without_it(cli: Cli) -> None:
+    """Notepad and PowerShell 5 start a UTF-8 file with U+FEFF: it was taken as part of the
+    store URL (refused, the mark unseen in the quote), of a webhook URL, and of a token
+    (whose name it made invalid: the token was named "operator") (found by an outside attack)."""
+    bom = "\ufeff"
+    (cli.root / "store.url").write_text(f"{bom}{cli.store}\r\n", encoding="utf-8")
+    (cli.root / "op.token").write_text(f"{bom}alice=opsecret123\r\n", encoding="utf-8")
+    (cli.root / "notify.txt").write_text(f"{bom}https://hooks.example.com/services/T0/B0/XYZ\r\n", encoding="utf-8")
+    args = parse_args(["serve", "--token-file", str(cli.root / "op.token"), "--notify-file", str(cli.root / "notify.txt")])
+    assert args.token == ["alice=opsecret123"]
+    assert args.alerting.sinks == ("https://hooks.example.com/services/T0/B0/XYZ",)
+    done = cli("list", "--store-file", str(cli.root / "store.url"), store=False)
+    assert (done.returncode, done.stderr) == (0, "")
 
 
 def test_the_remote_backend_refuses_such_a_token_itself() -> None:

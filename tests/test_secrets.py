@@ -4,10 +4,13 @@ is announced."""
 
 from __future__ import annotations
 
+import json
 import os
+import string
 import subprocess
 import sys
 import textwrap
+import unicodedata
 from pathlib import Path
 
 import httpx
@@ -16,7 +19,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from backend import SchedtuiError, Unavailable
-from backend.safetext import printable, redact, redact_url, remember_url_secrets
+from backend.safetext import in_json, in_line, in_lines, printable, redact, redact_url, remember_url_secrets
 from backend.store import open_store
 from tests import pg
 from tests.servers import cli_env, poll, start_server
@@ -56,6 +59,25 @@ def test_an_error_quoting_a_remembered_password_shows_it_masked() -> None:
 def test_printable_escapes_control_characters() -> None:
     assert printable("a\nb\rc\x1b[2J\x00\ud800 ok") == "a\\nb\\rc\\x1b[2J\\x00\\ud800 ok"
     assert printable("x" * 300, 10) == "x" * 10 + "…"
+
+
+def test_invisible_format_characters_are_shown_as_escapes() -> None:
+    """A value from a file saved with a byte-order mark was quoted in a refusal with the
+    mark as it was: invisible, so the refusal read as one of a good value (found by an
+    outside attack). Every format character (Unicode's category Cf) is shown as its escape,
+    but the zero-width joiner and non-joiner, which join the letters of some scripts and
+    the emoji of a sequence."""
+    assert printable("\ufeffsqlite:///x.db") == "\\ufeffsqlite:///x.db"
+    assert in_lines("a\u200bb\tc\n") == "a\\u200bb\tc\n"
+    assert in_line("flag\U000e0067") == printable("flag\U000e0067") == "flag\\U000e0067"
+    assert in_line("👩\u200d💻 فارسی\u200c") == "👩\u200d💻 فارسی\u200c"
+    every = [chr(code) for code in range(0x110000) if unicodedata.category(chr(code)) == "Cf"]
+    kept = {"\u200c", "\u200d"}
+    for char in every:
+        assert (in_line(char) == char, printable(char) == char) == (char in kept, char in kept), hex(ord(char))
+    dumped = json.dumps(every, ensure_ascii=False)
+    assert json.loads(in_json(dumped)) == every  # (past U+FFFF as a surrogate pair: the same JSON)
+    assert set(in_json(dumped)) - set(string.printable) == kept
 
 
 def cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:

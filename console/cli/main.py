@@ -438,7 +438,7 @@ def _resolve_tokens(args: argparse.Namespace, dest: str, env: str, *, several: b
         texts, source = [str(t) for t in given], flag
     elif path is not None:
         try:
-            content = Path(path).read_text(encoding="utf-8")
+            content = Path(path).read_text(encoding="utf-8-sig")  # (a byte-order mark left out: see _resolve_store)
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise UsageError(f'schedtui: cannot read {flag}-file "{printable(path)}": {reason}') from None
@@ -493,7 +493,7 @@ def _alert_settings(args: argparse.Namespace) -> AlertSettings:
             "webhook URL holds its secret; use --notify-file PATH")
     if args.notify_file is not None:
         try:
-            content = Path(args.notify_file).read_text(encoding="utf-8")
+            content = Path(args.notify_file).read_text(encoding="utf-8-sig")  # (a byte-order mark left out: see _resolve_store)
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise UsageError(f'schedtui: cannot read --notify-file "{printable(args.notify_file)}": {reason}') from None
@@ -522,7 +522,8 @@ def _resolve_store(args: argparse.Namespace) -> None:
             )
     elif path is not None:
         try:
-            url = Path(path).read_text(encoding="utf-8").strip()
+            # (utf-8-sig: the byte-order mark Notepad and PowerShell 5 begin a file with is no part of its text)
+            url = Path(path).read_text(encoding="utf-8-sig").strip()
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise UsageError(f'schedtui: cannot read --store-file "{printable(path)}": {reason}') from None
