@@ -919,8 +919,9 @@ def test_a_store_file_of_two_lines_is_bad_usage_and_creates_no_file(cli: Cli, tm
         done = cli(verb, "--store-file", str(lines), store=False)
         assert done.returncode == 2
         assert done.stderr.splitlines() == [
-            f'schedtui: store URL "sqlite:///{tmp_path}/a.db\\nsqlite:///{tmp_path}/b.db" holds a control character '
-            "(a line break?): a file name has none here"
+            f'schedtui: store URL "sqlite:///{tmp_path}/a.db\\nsqlite:///{tmp_path}/b.db" holds \\n at position '
+            f"{len(f'sqlite:///{tmp_path}/a.db') + 1} (a line break: a --store-file of two lines?): a store's file name "
+            "is UTF-8 text without control characters"
         ]
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(("a.db", "b.db"))]
 

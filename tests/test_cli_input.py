@@ -118,6 +118,15 @@ def test_a_name_quoted_in_a_refusal_never_reaches_the_terminal_as_a_command(cli:
     assert "x\\x1b]0;PWNED\\x07y\\x1b[2J\\u202egnp.exe" in line, line
 
 
+def test_a_store_path_that_is_not_utf8_is_refused_naming_the_byte(cli: Cli) -> None:
+    """It was refused as holding "a control character (a line break?)", which it does not."""
+    line = refused(real(cli, "list", "--store", b"sqlite:///st\xe9te.db", store=False))
+    assert line == (
+        'schedtui: store URL "sqlite:///st\\udce9te.db" holds \\udce9 at position 13 (a byte that is not UTF-8): '
+        "a store's file name is UTF-8 text without control characters"
+    )
+
+
 def test_a_printable_instance_name_is_recorded_on_the_run(cli: Cli) -> None:
     cli.ok("--instance", "web-1 (blue):42", "fire", "hourly")
     assert [run["instance"] for run in cli.runs("hourly")] == ["web-1 (blue):42"]

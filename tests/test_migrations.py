@@ -255,3 +255,22 @@ async def test_a_store_copied_in_rollback_mode_opens_and_is_written_in_wal_again
     finally:
         await store.close()
     assert copy.read_bytes()[18:20] == b"\x02\x02"
+
+
+@pytest.mark.parametrize("content", [b"hello, not a database\n", bytes(range(256)) * 16], ids=["text", "bytes"])
+@pytest.mark.parametrize("verb", [("audit",), ("serve",)])
+def test_a_file_that_is_no_sqlite_database_is_bad_input_as_an_empty_one_is(
+    tmp_path: Path, content: bytes, verb: tuple[str, ...]
+) -> None:
+    """Text or other bytes as ``--store``: "cannot open the store …: file is not a database"
+    and exit 1 (as for a store out of reach), where an empty file and another application's
+    SQLite file are exit 2 (found by an outside attack). Serve refuses it too, and leaves it as it was."""
+    other = tmp_path / "other.db"
+    other.write_bytes(content)
+    (tmp_path / "schedules").mkdir()
+    done = run_main(tmp_path, *verb, "--schedules", "schedules", "--store", f"sqlite:///{other}")
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", (
+        f'schedtui: the file "{other}" is not a schedtui store, nor any SQLite database (SQLite: file is not a '
+        "database: a file of another kind, or one damaged or encrypted); check --store\n"
+    ))  # fmt: skip
+    assert other.read_bytes() == content

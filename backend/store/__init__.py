@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -407,6 +408,11 @@ def redact_url(url: str) -> str:
     return safetext.redact_url(url)
 
 
+#: What a SQLite store's file name may not hold: a control character (tab and line breaks
+#: too), or a lone surrogate (a byte that is not UTF-8, as Python keeps it).
+_NOT_IN_FILE_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
 def open_store(url: str | None = None, *, create: bool = True) -> Store:
     """Build the store a URL names (not yet opened): ``sqlite:///path`` or ``postgresql://…``.
 
@@ -426,10 +432,17 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
             path = path[1:]  # sqlite:///relative.db and sqlite:////abs/path.db, as SQLAlchemy
         if not path:
             raise BadInput(f'store URL "{url}" names no file (try sqlite:///.schedtui/state.db)')
-        if safetext.NOT_TEXT.search(path) or "\n" in path or "\t" in path:  # (a --store-file of two lines)
+        odd = _NOT_IN_FILE_NAME.search(path)
+        if odd:
+            char = odd.group()
+            if "\ud800" <= char <= "\udfff":  # (a byte of argv or a file that is not UTF-8, as Python keeps it)
+                what = "a byte that is not UTF-8"
+            else:
+                what = "a line break: a --store-file of two lines?" if char in "\r\n" else "a control character"
             raise BadInput(
-                f'store URL "{safetext.printable(safetext.redact_url(url))}" holds a control character (a line break?): a file name '
-                "has none here",
+                f'store URL "{safetext.printable(safetext.redact_url(url))}" holds {safetext.printable(char)} at position '
+                f"{len(url) - len(path) + odd.start() + 1} ({what}): a store's file name is UTF-8 text without control "
+                "characters",
                 field="store",
             )
         if "?" in path:

@@ -152,6 +152,7 @@ class SQLiteStore(
             except sqlite3.Error as exc:
                 if not self.create and not self.path.exists():
                     require_file(self.path)  # deleted in between: say so plainly
+                self._refuse_no_database(exc)
                 raise Unavailable(f'cannot open the store "{self.path}": {explain(exc, self.path.parent)}') from exc
             self._writer = self._last_writer = writer
             forks.opened(self)
@@ -191,7 +192,18 @@ class SQLiteStore(
             if not _is_trouble(exc):
                 raise
             require_file(self.path)  # deleted in between: say so plainly
+            self._refuse_no_database(exc)
             raise Unavailable(f'cannot open the store "{self.path}": {explain(exc, self.path.parent)}') from exc
+
+    def _refuse_no_database(self, exc: sqlite3.Error) -> None:
+        """A file that is no SQLite database at all is bad input, as an empty file or another
+        application's database is: not a store out of reach now (exit 1 said "try again")."""
+        if getattr(exc, "sqlite_errorname", None) == "SQLITE_NOTADB":
+            raise BadInput(
+                f'the file "{self.path}" is not a schedtui store, nor any SQLite database (SQLite: {exc}: '
+                "a file of another kind, or one damaged or encrypted); check --store",
+                field="store",
+            ) from exc
 
     def _require_store(self, conn: sqlite3.Connection) -> int:
         """Refuse a file without schedtui's tables, or of a schema newer than this code's;
