@@ -784,15 +784,11 @@ class DurableFleet(RuleBasedStateMachine):
         for key, values in WORLD.seen.items():
             assert len(values) == 1, f"position {key} saw {sorted(values)}"
 
-    def lines_before_recorded_steps_are_written_once(self) -> None:
-        """Each step the code reached (but those of a gather or a fan, logged before it as
-        one) has a line logged just before it, ``before NAME``: of a step that is recorded,
-        that line is in the log, and at most once between two retries of the execution
-        (a retry runs its failed step again, from the line before it), whatever crashes,
-        lost answers and take-overs came between, and in whatever order replays reached
-        the branches."""
+    def _logs(self) -> list[tuple[str, Execution, list[str], list[list[str]]]]:
+        """Each execution, its log's lines, and those lines cut at each retry ("retried by")."""
         engine = self.acting
         assert engine is not None
+        logs = []
         for id_ in self.ids:
             execution = self.run(engine.durable.get(id_))
             lines = [line.message for line in execution.logs or []]
@@ -801,6 +797,17 @@ class DurableFleet(RuleBasedStateMachine):
                 if line.startswith("retried by "):
                     stretches.append([])
                 stretches[-1].append(line)
+            logs.append((id_, execution, lines, stretches))
+        return logs
+
+    def lines_before_recorded_steps_are_written_once(self) -> None:
+        """Each step the code reached (but those of a gather or a fan, logged before it as
+        one) has a line logged just before it, ``before NAME``: of a step that is recorded,
+        that line is in the log, and at most once between two retries of the execution
+        (a retry runs its failed step again, from the line before it), whatever crashes,
+        lost answers and take-overs came between, and in whatever order replays reached
+        the branches."""
+        for id_, execution, lines, stretches in self._logs():
             for step in execution.steps or []:
                 if step.kind == "step" and not step.name.endswith(("s", "t", "f", "m")):  # (gathered: one line)
                     line = f"before {step.name}"
@@ -815,16 +822,7 @@ class DurableFleet(RuleBasedStateMachine):
         succeeded, that line is in the log, and between two retries of the execution at
         most once an attempt, though its first attempts may have been cut short by a crash,
         a take-over or a lost answer, and a sibling's checkpoint committed meanwhile."""
-        engine = self.acting
-        assert engine is not None
-        for id_ in self.ids:
-            execution = self.run(engine.durable.get(id_))
-            lines = [line.message for line in execution.logs or []]
-            stretches: list[list[str]] = [[]]
-            for line in lines:
-                if line.startswith("retried by "):
-                    stretches.append([])
-                stretches[-1].append(line)
+        for id_, execution, lines, stretches in self._logs():
             for step in execution.steps or []:
                 if (id_, step.name) in WORLD.slow and step.status == "succeeded":
                     counts = [stretch.count(f"inside {step.name}") for stretch in stretches]
