@@ -418,3 +418,31 @@ async def test_a_claim_whose_answer_was_lost_after_it_committed_fails_so_that_wh
     assert await store.durable_give_back("a", "claim-1", until, now) == 1
     [again] = await store.durable_claim("a", ["f"], now, until, 1, claim="claim-2")
     assert again.execution.id == ID
+
+
+async def test_a_signal_whose_answer_was_lost_after_it_was_kept_is_not_answered_a_duplicate(
+    store: PostgresStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first signal of its name, kept, its answer lost: sent again by the store, it
+    found itself and was answered a duplicate of a signal never sent before. It finds
+    itself as itself; another signal of that name is still a duplicate."""
+    from backend.store.postgres import durable
+
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    real = psycopg.AsyncConnection.execute
+    lost: list[str] = []
+
+    async def answer_lost(self: psycopg.AsyncConnection[object], query: object, *args: object, **kwargs: object) -> object:
+        cursor = await real(self, query, *args, **kwargs)  # type: ignore[call-overload]
+        if query is durable.SIGNAL and not lost:
+            lost.append("signal")
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return cursor
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", answer_lost)
+    assert await store.durable_signal(ID, "go", '{"by": "ops"}', now) == ("queued", False)
+    assert lost
+    assert await store.durable_signal(ID, "go", '{"by": "ops"}', now + timedelta(seconds=1)) == ("queued", True)
+    logs = [line.message for line in (await execution(store)).logs or []]
+    assert logs.count("signal go received") == 1

@@ -358,6 +358,13 @@ SIGNAL = f"""
     )
     SELECT (SELECT status FROM found), EXISTS (SELECT 1 FROM taken)
 """
+#: Whether a signal whose answer was lost was kept: the execution's status, and whether the
+#: signal of that name is this one (sent at that instant, with that payload).
+SIGNAL_LANDED = f"""
+    SELECT status, coalesce(signals -> %(name)s::text ->> 'at' = %(sent)s
+        AND signals -> %(name)s::text ->> 't' = %(payload)s::text, false)
+    FROM {EXECUTIONS} WHERE id = %(id)s
+"""
 LOCK_STATE = f"SELECT status, lease_until, failed_step FROM {EXECUTIONS} WHERE id = %s FOR UPDATE"
 CANCEL_NOW = f"""
     UPDATE {EXECUTIONS} SET status = 'cancelled', finished_at = %s, updated_at = %s, error_tag = '{TAG_CANCELLED}',
@@ -750,7 +757,16 @@ class PostgresDurable:
     async def durable_signal(self, id: str, name: str, payload: str, now: datetime) -> tuple[ExecutionStatus, bool] | None:
         sent = now.astimezone(UTC).isoformat(timespec="microseconds")
         params = {"id": id, "name": name, "payload": _text(payload), "now": now, "sent": sent}
-        rows = await self._fetch_write(SIGNAL, params)
+
+        async def again(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            # Sent again after its answer was lost, a signal that was kept finds itself, and
+            # was answered a duplicate (or refused, its execution woken by it and ended since).
+            row = await (await conn.execute(SIGNAL_LANDED, params)).fetchone()
+            if row is not None and row[1]:
+                return [("running" if row[0] in ("succeeded", "failed", "cancelled") else row[0], True)]
+            return await (await conn.execute(SIGNAL, params)).fetchall()
+
+        rows = await self._fetch_write(SIGNAL, params, again=again)
         status, taken = rows[0]
         if status is None:
             return None
