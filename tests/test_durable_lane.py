@@ -324,6 +324,24 @@ async def test_a_checkpoint_cancelled_in_flight_frees_the_lane_once_its_reply_is
     assert lane.calls == calls + 1 and await steps_of(store) == ["one", "two"]
 
 
+def lose_the_answer_once(monkeypatch: pytest.MonkeyPatch, *statements: str) -> list[str]:
+    """The first of ``statements`` the pool runs commits (its connections are in autocommit),
+    and its answer is lost, as when the connection breaks on its way back: the list it
+    returns holds it then."""
+    real = psycopg.AsyncConnection.execute
+    lost: list[str] = []
+
+    async def answer_lost(self: psycopg.AsyncConnection[object], query: object, *args: object, **kwargs: object) -> object:
+        cursor = await real(self, query, *args, **kwargs)  # type: ignore[call-overload]
+        if any(query is statement for statement in statements) and not lost:
+            lost.append(str(query))
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return cursor
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", answer_lost)
+    return lost
+
+
 @pytest.mark.parametrize("then", ["progress", "wait", "end"])
 async def test_a_write_whose_answer_was_lost_after_it_committed_is_neither_written_twice_nor_taken_for_a_lost_lease(
     store: PostgresStore, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, then: str
@@ -346,17 +364,7 @@ async def test_a_write_whose_answer_was_lost_after_it_committed_is_neither_writt
         "end": Finish("succeeded", "one", output='"done"'),
     }
     ending = endings[then]
-    real = psycopg.AsyncConnection.execute
-    lost: list[str] = []
-
-    async def answer_lost(self: psycopg.AsyncConnection[object], query: object, *args: object, **kwargs: object) -> object:
-        cursor = await real(self, query, *args, **kwargs)  # type: ignore[call-overload]
-        if query in (durable.PROGRESS, durable.SUSPEND, durable.FINISH) and not lost:
-            lost.append(str(query))  # (committed: the pool's connections are in autocommit)
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return cursor
-
-    monkeypatch.setattr(psycopg.AsyncConnection, "execute", answer_lost)
+    lost = lose_the_answer_once(monkeypatch, durable.PROGRESS, durable.SUSPEND, durable.FINISH)
     assert await store.durable_write(Write(ID, claim.execution.lease, now, ending, [step], ["a line"])) is False
     assert lost  # (the answer was lost once, and the write sent again)
     row = await execution(store)
@@ -400,20 +408,11 @@ async def test_a_claim_whose_answer_was_lost_after_it_committed_fails_so_that_wh
 
     now = clock.now()
     await store.durable_insert(NewExecution(ID, "f", "null", now))
-    real = psycopg.AsyncConnection.execute
-    lost: list[str] = []
-
-    async def answer_lost(self: psycopg.AsyncConnection[object], query: object, *args: object, **kwargs: object) -> object:
-        cursor = await real(self, query, *args, **kwargs)  # type: ignore[call-overload]
-        if query is durable.CLAIM and not lost:
-            lost.append("claim")
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return cursor
-
-    monkeypatch.setattr(psycopg.AsyncConnection, "execute", answer_lost)
+    lost = lose_the_answer_once(monkeypatch, durable.CLAIM)
     until = now + timedelta(seconds=30)
     with pytest.raises(Unavailable, match="lost the answer of a claim"):
         await store.durable_claim("a", ["f"], now, until, 1, claim="claim-1")
+    assert lost
     assert (await execution(store)).status == "running"  # (the first sending took it)
     assert await store.durable_give_back("a", "claim-1", until, now) == 1
     [again] = await store.durable_claim("a", ["f"], now, until, 1, claim="claim-2")
@@ -430,17 +429,7 @@ async def test_a_signal_whose_answer_was_lost_after_it_was_kept_is_not_answered_
 
     now = clock.now()
     await store.durable_insert(NewExecution(ID, "f", "null", now))
-    real = psycopg.AsyncConnection.execute
-    lost: list[str] = []
-
-    async def answer_lost(self: psycopg.AsyncConnection[object], query: object, *args: object, **kwargs: object) -> object:
-        cursor = await real(self, query, *args, **kwargs)  # type: ignore[call-overload]
-        if query is durable.SIGNAL and not lost:
-            lost.append("signal")
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return cursor
-
-    monkeypatch.setattr(psycopg.AsyncConnection, "execute", answer_lost)
+    lost = lose_the_answer_once(monkeypatch, durable.SIGNAL)
     assert await store.durable_signal(ID, "go", '{"by": "ops"}', now) == ("queued", False)
     assert lost
     assert await store.durable_signal(ID, "go", '{"by": "ops"}', now + timedelta(seconds=1)) == ("queued", True)
