@@ -219,6 +219,34 @@ def test_another_applications_database_is_refused_and_left_byte_for_byte(tmp_pat
         assert sorted(p.name for p in tmp_path.iterdir()) == ["otherapp.db", "schedules"], verb
 
 
+def test_serve_and_migrate_make_no_store_in_another_applications_database(tmp_path: Path) -> None:
+    # Their tables went in beside the application's (and the file was switched to WAL).
+    db = tmp_path / "otherapp.db"
+    made = another_apps_database(db)
+    (tmp_path / "schedules").mkdir()
+    for verb in (("migrate",), ("serve", "--schedules", "schedules")):
+        done = run_main(tmp_path, *verb, "--store", f"sqlite:///{db}")
+        assert (done.returncode, done.stderr.splitlines()[-1:]) == (2, [
+            f'schedtui: the file "{db}" is another application\'s SQLite database (its tables: users), not a '
+            "schedtui store: a store is not made in it; check --store"
+        ]), verb  # fmt: skip
+        assert db.read_bytes() == made, verb
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["otherapp.db", "schedules"], verb
+
+
+async def test_a_store_is_made_in_a_database_without_tables(tmp_path: Path) -> None:
+    db = tmp_path / "blank.db"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA user_version = 1")  # (a database file, no table in it)
+    assert db.stat().st_size > 0
+    store = SQLiteStore(db)
+    await store.open()
+    try:
+        assert await store._read(lambda c: c.execute("SELECT version FROM schema_version").fetchone()) == (len(MIGRATIONS),)
+    finally:
+        await store.close()
+
+
 async def test_the_store_api_refuses_another_applications_database_and_leaves_it_as_it_is(tmp_path: Path) -> None:
     db = tmp_path / "otherapp.db"
     made = another_apps_database(db)

@@ -36,6 +36,7 @@ from backend.model import (
     StoreHealth,
 )
 from backend.runtime.ownthread import in_own_thread
+from backend.safetext import printable
 from backend.store import forks, store_unavailable
 from backend.store.migrations import CORE, applied, components_of, migrate_sqlite, sqlite_components_current
 from backend.store.sqlite import firing
@@ -143,6 +144,10 @@ class SQLiteStore(
             # process that fires the store migrates an older one.
             check = self._require_store if self._firing_lock is not None else self._require_current
             await in_own_thread(self._look_first, check, name="schedtui store look")
+        elif self._has_content():
+            # Nor does serve or migrate make one of another application's database: its
+            # tables would have gone beside that application's.
+            await in_own_thread(self._look_first, self._require_store_or_none, name="schedtui store look")
         self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="schedtui-sqlite-reader")
         writer = _Writer(str(self.path), create=self.create)
         writer.start()
@@ -214,6 +219,27 @@ class SQLiteStore(
                 field="store",
             )
         return self._core_version(conn, str(self.path))
+
+    def _has_content(self) -> bool:
+        """The file is there and not empty (one to look at before a store is made in it)."""
+        try:
+            return self.path.stat().st_size > 0
+        except OSError:
+            return False
+
+    def _require_store_or_none(self, conn: sqlite3.Connection) -> None:
+        """Refuse a file that holds tables but not schedtui's (a store of any version, or a
+        database without tables, is one to make or migrate)."""
+        tables = [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name LIMIT 4"
+        )]  # fmt: skip
+        if tables and not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'schema_version'").fetchone():
+            shown = ", ".join(printable(name, 40) for name in tables[:3]) + (", …" if len(tables) > 3 else "")
+            raise BadInput(
+                f'the file "{self.path}" is another application\'s SQLite database (its tables: {shown}), not a '
+                "schedtui store: a store is not made in it; check --store",
+                field="store",
+            )
 
     def _require_current(self, conn: sqlite3.Connection) -> None:
         """Refuse what :meth:`_require_store` does, and a store whose schema is behind this code's."""
@@ -316,9 +342,11 @@ class SQLiteStore(
         they fire)."""
         if self._firing_lock is not None:
             return
+        # (before the lock file and the reserve are made beside it)
         if not self.create:
-            # (before the lock file and the reserve are made beside it)
             await in_own_thread(self._look_first, self._require_store, name="schedtui store look")
+        elif self._has_content():
+            await in_own_thread(self._look_first, self._require_store_or_none, name="schedtui store look")
         hold = asyncio.ensure_future(in_own_thread(partial(firing.hold, self.path, instance, single=not claims, create=self.create),
                                                    name="schedtui firing lock"))
         try:
