@@ -103,6 +103,10 @@ class Fleet:
         )  # fmt: skip
         self.engines[name] = (engine, view)
         await engine.start()
+        # Its member lock taken before the clock moves: the join runs in the cluster's own
+        # task, and one still in flight while the others' first rounds read the members
+        # (a loaded machine) made them divide the shards without it, then hand over.
+        await engine.quiesce()
         return engine
 
     async def tick(self, seconds: int = 1) -> None:
