@@ -24,6 +24,7 @@ import pytest
 
 from backend import Engine, JobContext, ManualClock, define_queue
 from backend.ids import IdFactory
+from backend.jobs.model import JobDetail
 from backend.jobs.store import Claimed, Finish, FinishKind, NewJob, QueueSpec
 from backend.store.postgres.jobs import CLAIM, CYCLE_LANE_STATEMENTS
 from backend.store.postgres.lane import Lane
@@ -101,10 +102,16 @@ async def test_a_cycle_on_its_connection_answers_what_the_pools_answers(store: P
     done = await store.cycle_jobs(lane_finishes, {}, "w-1", "t-3", ended)
     assert done.applied == [True, True, True] and cycle_calls(store) == calls + 2
     again = await store.cycle_jobs(lane_finishes, {}, "w-1", "t-4", ended)
-    assert again.applied == [False, False, False]  # applied once: run again, nothing changes
+    # Applied once: sent again, each is answered as then (its attempt's record is there),
+    # and nothing changes (compared with the pool's below).
+    assert again.applied == [True, True, True]
     store._cyclers = []
     try:
-        await store.cycle_jobs(finishes(on_pool.claimed), {}, "w-1", "t-5", ended)
+        pool_finishes = finishes(on_pool.claimed)
+        assert (await store.cycle_jobs(pool_finishes, {}, "w-1", "t-5", ended)).applied == [True, True, True]
+        assert (await store.cycle_jobs(pool_finishes, {}, "w-1", "t-6", ended)).applied == [True, True, True]
+        late = [replace(f, finished_at=f.finished_at + timedelta(microseconds=1)) for f in pool_finishes]
+        assert (await store.cycle_jobs(late, {}, "w-1", "t-7", ended)).applied == [False, False, False]  # not these
     finally:
         store._cyclers = cyclers
     for lane_id, pool_id in zip(lane_ids, pool_ids, strict=True):
@@ -258,13 +265,19 @@ async def test_a_claim_whose_answer_was_lost_and_that_the_store_ran_again_gives_
         await engine.stop(grace=0)
 
 
-@pytest.mark.parametrize("where", ["lane", "pool"])
+#: What the store logs as it sends an end again; a stop hands its ends in on the pool.
+RUN_AGAIN["stop"] = RUN_AGAIN["pool"]
+
+
+@pytest.mark.parametrize("where", ["lane", "pool", "stop"])
 async def test_an_end_whose_answer_was_lost_and_that_the_store_ran_again_is_applied_once_and_no_late_result(
     where: str, pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A cycle carries a succeeded attempt's end, commits, and its answer is lost; run
-    again by the store, the end finds its job gone. That is the first sending's doing, not
-    a displaced worker's late result: no warning says so."""
+    """A cycle carries a succeeded attempt's end (or a stop hands it in alone, the handler
+    having ended within its grace), commits, and its answer is lost; run again by the
+    store, the end finds its job gone and its own record: it is answered as applied, as
+    the first sending was. No warning of a late result, and the attempt is counted (the
+    metrics') once."""
     caplog.set_level(logging.INFO)
     started, go = asyncio.Event(), asyncio.Event()
     calls: list[tuple[str, int]] = []
@@ -282,6 +295,8 @@ async def test_an_end_whose_answer_was_lost_and_that_the_store_ran_again_is_appl
         assert isinstance(store, PostgresStore)
         if where == "pool":
             store._cyclers = []
+        metered: list[Finish] = []
+        engine.jobs.meters.append(metered.append)
         sent = await engine.jobs.send("mail", "x")
         await engine.start()
         if where == "lane":
@@ -292,19 +307,36 @@ async def test_an_end_whose_answer_was_lost_and_that_the_store_ran_again_is_appl
         await until(lambda: not (workers.inflight or workers.handovers or workers.inflight_handovers))
         await engine.quiesce(runs=False)  # (the housekeeping's first round read the job running: not that answer)
         relay.lose_reply(sent.id.encode())  # the end's answer names it
-        go.set()
-        await until(relay.lost.is_set)
-        for _ in range(3):
-            clock.advance(1)
-            await engine.quiesce()
+        if where == "stop":
+            stopping = asyncio.ensure_future(engine.stop(grace=10))
+            await until(lambda: workers.stopping)
+            go.set()
+            await asyncio.wait_for(stopping, 10)
+            assert relay.lost.is_set()
+        else:
+            go.set()
+            await until(relay.lost.is_set)
+            for _ in range(3):
+                clock.advance(1)
+                await engine.quiesce()
         assert [r for r in caplog.records if RUN_AGAIN[where] in r.getMessage()]
         assert calls == [(sent.id, 1)]
-        found = await engine.jobs.get_job(sent.id)
-        assert found.job is None
+        found = await engine.jobs.get_job(sent.id) if where != "stop" else await after_stop(pg_url, sent.id)
+        assert found.job is None  # succeeded: gone
         assert [(a.attempt, a.status) for a in found.attempts] == [(1, "succeeded")]
         assert not [r for r in caplog.records if "late result" in r.getMessage()]
-        assert [r for r in caplog.records if "was not applied again" in r.getMessage()]
+        assert [(f.id, f.kind) for f in metered] == [(sent.id, "succeeded")]
         await engine.stop(grace=0)
+
+
+async def after_stop(pg_url: str, job_id: str) -> JobDetail:
+    """A job as the store holds it, read by a store of its own (the engine's is closed)."""
+    checker = PostgresStore(pg_url)
+    await checker.open()
+    try:
+        return JobDetail(job_id, "mail", await checker.get_job(job_id), (await checker.job_attempts(job_id))[1])
+    finally:
+        await checker.close()
 
 
 async def until(done: Callable[[], bool], timeout: float = 10.0) -> None:

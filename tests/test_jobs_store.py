@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
@@ -217,10 +218,13 @@ async def test_jobs_claimed_ahead_hold_no_seat_until_a_handover_after_the_finish
     # The finish frees the seat, then the handover takes it, in one transaction.
     cycle = await js.cycle_jobs([finish(first, "succeeded", T0)], {}, "worker-a", "tok-3", T0, handovers=[Handover(a.id, a.tries, 1)])
     assert (cycle.applied, cycle.handed) == ([True], [True])
-    # The same cycle again (its answer was lost): the finish does not apply twice, and the
-    # handover finds the job on that seat already: moved (a "no" stopped the job it ran).
+    # The same cycle again (its answer was lost): the finish does not apply twice but is
+    # answered as the first sending was (its attempt's record is there), and the handover
+    # finds the job on that seat already: moved (a "no" stopped the job it ran).
     cycle = await js.cycle_jobs([finish(first, "succeeded", T0)], {}, "worker-a", "tok-5", T0, handovers=[Handover(a.id, a.tries, 1)])
-    assert (cycle.applied, cycle.handed) == ([False], [True])
+    assert (cycle.applied, cycle.handed) == ([True], [True])
+    _, attempts = await js.job_attempts(first.id)
+    assert [(at.attempt, at.status) for at in attempts] == [(1, "succeeded")]
     cycle = await js.cycle_jobs([], {}, "worker-a", "tok-6", T0, handovers=[Handover(a.id, a.tries + 1, 1)])
     assert cycle.handed == [False]  # (under other tries, it is not that claim's)
     running = {r.id: r for r in await js.running_jobs()}
@@ -270,7 +274,9 @@ async def test_a_late_result_of_a_displaced_attempt_changes_nothing(store: Store
     later = T0 + timedelta(seconds=40)
     abandoned = Finish(c1.id, "mail", c1.tries, "retry", 1, T0, later, "frozen", "abandoned", "gone", later)
     assert await js.finish_jobs([abandoned]) == [True]
-    assert await js.finish_jobs([abandoned]) == [False]  # a second rescuer: nothing
+    assert await js.finish_jobs([abandoned]) == [True]  # sent again (a lost answer): as before, nothing changed
+    second = replace(abandoned, finished_at=later + timedelta(seconds=1), retry_at=later + timedelta(seconds=1))
+    assert await js.finish_jobs([second]) == [False]  # a second rescuer: nothing
     (c2,) = await claim(js, at=T0 + timedelta(seconds=41), instance="worker-b")
     late = finish(c1, "succeeded", T0 + timedelta(seconds=50))
     assert (await js.cycle_jobs([late], {}, "frozen", ids(), T0)).applied == [False]

@@ -293,9 +293,11 @@ class Seats:
                     log.exception("a job meter failed")
         if (finish.id, finish.tries) in self.resent:
             self.resent.discard((finish.id, finish.tries))
-            if not applied:
-                log.info("the end of job %s (%s, attempt %d) was not applied again: most likely the cycle "
-                         "whose answer was lost had applied it", finish.id, finish.kind, finish.attempt)  # fmt: skip
+            if not applied and finish.kind == "release":
+                # (An ended attempt sent again is answered as applied where it was, by its
+                # record; a release records nothing.)
+                log.info("job %s going back untouched was not applied again: most likely the cycle whose "
+                         "answer was lost had applied it", finish.id)  # fmt: skip
                 return
         if not applied:
             log.warning(

@@ -124,7 +124,12 @@ class Finish:
     keeps it dead; ``release`` puts it back untouched (it never started: no attempt is
     used or recorded). Every kind but ``release`` records the attempt: where it applies,
     and where the job is gone, unless ``swept``. A job deleted while it ran is deleted
-    whatever the kind."""
+    whatever the kind.
+
+    Sent again, the same finish is answered as the first sending was where that one
+    applied: its attempt's record (the same tries, end to the microsecond, instance and
+    error) is found, and it counts as applied, changing nothing. A store that sends a statement
+    again after a lost answer (PostgreSQL) so tells the worker what really ended."""
 
     id: str
     queue: str

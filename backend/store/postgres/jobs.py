@@ -246,12 +246,20 @@ SEND_AGAIN = SEND.replace(_KNOWN, """known AS (
         UNION  -- (a job that ran and is gone: its attempts name it)
         SELECT w.n, w.id FROM w JOIN schedtui_job_attempts a ON a.job_id = w.id
     ),""")
+#: A finish that a sending of it before this one recorded (committed, its answer lost, and
+#: sent again): its attempt's row, to the microsecond of its end and by its instance (and
+#: with its error: see FINISH), is there already. Only the statement's snapshot is read:
+#: its own record is not in it. (Only the worker holding an attempt ends it succeeded.)
+_LANDED = """
+        SELECT 1 FROM schedtui_job_attempts a
+        WHERE a.job_id = f.id AND a.seq = f.tries AND a.finished_at = f.finished_at AND a.instance = f.instance"""
 #: A cycle's finishes, each applied only while its job is still running under its tries;
-#: answers the ids that applied. The attempt is recorded when it applied, or when the job
-#: is gone and the finish was not swept (a finish retried after a lost answer finds its
-#: own record: nothing changes; a sweep's, made from a read the job moved on from,
-#: records nothing).
-FINISH = """
+#: answers the ids that applied, and those a sending of it before this one applied (see
+#: _LANDED: a finish sent again after a lost answer is answered as the first sending was).
+#: The attempt is recorded when it applied, or when the job is gone and the finish was not
+#: swept (a finish retried after a lost answer finds its own record: nothing changes; a
+#: sweep's, made from a read the job moved on from, records nothing).
+FINISH = f"""
     WITH f AS (
         SELECT * FROM json_to_recordset(%(finishes)s::json) AS f(
             id text, queue text, tries int, kind text, attempt int, started_at timestamptz,
@@ -300,13 +308,19 @@ FINISH = """
         ON CONFLICT DO NOTHING
     )
     SELECT id FROM target
+    UNION ALL
+    SELECT f.id FROM f
+    WHERE f.kind <> 'release' AND f.id NOT IN (SELECT id FROM target) AND EXISTS ({_LANDED}
+            AND a.status = CASE WHEN f.kind = 'succeeded' THEN 'succeeded' ELSE 'failed' END
+            -- (and its error: the sweep's end of an attempt, `abandoned`, is not the attempt's own)
+            AND a.error_tag IS NOT DISTINCT FROM f.error_tag AND a.error_message IS NOT DISTINCT FROM f.error_message)
 """
 #: The common finish, attempts that succeeded (binary arrays, one element per finish): the
 #: job is deleted while it is still running under its tries (whether or not it was deleted
 #: while it ran); answers the ids that applied. No row lock is taken before the DELETE (it
 #: takes its own; a concurrent change of the row is seen by its recheck). The attempt is
 #: recorded as in FINISH.
-FINISH_SUCCEEDED = """
+FINISH_SUCCEEDED = f"""
     WITH f AS (
         SELECT * FROM unnest(
             %b::text[], %b::int[], %b::text[], %b::int[], %b::timestamptz[], %b::timestamptz[], %b::text[]
@@ -325,6 +339,8 @@ FINISH_SUCCEEDED = """
         ON CONFLICT DO NOTHING
     )
     SELECT id FROM removed
+    UNION ALL
+    SELECT f.id FROM f WHERE f.id NOT IN (SELECT id FROM removed) AND EXISTS ({_LANDED} AND a.status = 'succeeded')
 """
 #: The claim, for every queue asked for at once:
 #:

@@ -128,6 +128,12 @@ FINISH_RELEASE = """
         instance = (SELECT a.instance FROM job_attempts a WHERE a.job_id = jobs.id ORDER BY a.seq DESC LIMIT 1)
     WHERE id = ?
 """
+#: This finish, recorded by a sending of it before (see Finish): the same end, instance and
+#: error (the sweep's end of an attempt, `abandoned`, is not the attempt's own).
+LANDED = (
+    "SELECT 1 FROM job_attempts WHERE job_id = ? AND seq = ? AND finished_at = ? AND instance = ? AND status = ? "
+    "AND error_tag IS ? AND error_message IS ?"
+)
 RECORD_ATTEMPT = """
     INSERT INTO job_attempts (job_id, seq, queue, attempt, started_at, finished_at, status, error_tag, error_message, instance)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
@@ -197,6 +203,11 @@ def _apply(c: sqlite3.Connection, f: Finish) -> bool:
             c.execute(FINISH_DEAD, (_us(f.finished_at), tag, message, f.id))
         else:
             c.execute(FINISH_RELEASE, (f.id,))
+    elif f.kind != "release" and c.execute(
+        LANDED,
+        (f.id, f.tries, _us(f.finished_at), f.instance, "succeeded" if f.kind == "succeeded" else "failed", tag, message),
+    ).fetchone() is not None:
+        return True  # this finish, sent before: applied then (see Finish)
     elif f.swept or c.execute(JOB_EXISTS, (f.id,)).fetchone() is not None:
         # Displaced: the job went on without this attempt; its result is dropped. Or swept
         # from a read the job moved on from: whoever ran it recorded what ran.
