@@ -7,6 +7,15 @@ sequence ``schedtui_lock_tokens``, drawn by the statement that takes the row: an
 row and, having lost, draws nothing that counts), and the first ``INSERT`` of a name draws
 the first token it will ever have. Lock rows are never deleted, so a name's tokens only
 grow. A failed attempt on a held lock is a pure read: no row lock, no commit to flush.
+
+The store sends a statement again on a fresh connection when its connection breaks with
+it in flight (:meth:`~backend.store.postgres.store.PostgresStore._with_conn`), and the
+first sending may have committed, its answer lost. Sent again as it is, an acquire found
+its own lock held and answered "held by another" (the lock then stayed taken, by nobody
+who knew it, for its ttl: a locked schedule skipped its own slots), a release found its
+own lock free and said the lease had been lost (work that succeeded was reported
+``LeaseLost``), and a forced release freed whoever had taken the lock since. So the
+second sending of each asks what the first did (see :meth:`PostgresLocks._again`).
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.locks.model import Lock, LockRelease, LocksSnapshot
 from backend.safetext import store_text
+from backend.store import store_unavailable
 from backend.store.migrations import Component
 from backend.store.sqlite.locks import stale_reason
 
@@ -75,11 +85,20 @@ RENEW = f"""
 #: off for this one transaction): were it lost in a database crash, the lock would only
 #: stay taken until its lease expires, which is safe; and the next durable commit on the
 #: server flushes it anyway. Taking a lock, renewing it and a forced release stay durable.
+#: It clears the claim, which a forced release leaves: a release sent again after its answer
+#: was lost tells its own (:data:`RELEASED`) from an operator's.
 RELEASE = f"""
-    UPDATE schedtui_locks l SET holder = NULL, expires_at = least(l.expires_at, t.now)
+    UPDATE schedtui_locks l SET holder = NULL, expires_at = least(l.expires_at, t.now), claim = NULL
     FROM {_NOW} t, (SELECT set_config('synchronous_commit', 'off', true)) AS no_wait
     WHERE l.name = %(name)s AND l.token = %(token)s AND l.holder IS NOT NULL
 """
+#: The lease taken with this claim, still held: what an acquire whose answer was lost took.
+TAKEN_WITH = """
+    SELECT token, acquired_at, expires_at FROM schedtui_locks
+    WHERE name = %(name)s AND claim = %(claim)s AND holder IS NOT NULL
+"""
+#: The lease of this token released by its holder (not by force: that leaves the claim).
+RELEASED = "SELECT 1 FROM schedtui_locks WHERE name = %(name)s AND token = %(token)s AND holder IS NULL AND claim IS NULL"
 GIVE_BACK = f"""
     UPDATE schedtui_locks l SET holder = NULL, expires_at = least(l.expires_at, t.now)
     FROM {_NOW} t WHERE l.name = %(name)s AND l.claim = %(claim)s AND l.holder IS NOT NULL
@@ -131,6 +150,7 @@ class PostgresLocks:
 
     if TYPE_CHECKING:
         commits: int
+        where: str
 
         async def _with_conn(self, fn: Callable[[Any], Awaitable[T]], *, wait: float = ...) -> T: ...
 
@@ -146,11 +166,40 @@ class PostgresLocks:
             self.commits += 1
         return row
 
+    async def _again(self, first: Callable[[Any], Awaitable[T]], again: Callable[[Any], Awaitable[T]]) -> T:
+        """``first(conn)`` on a pooled connection; ``again(conn)`` in its place when the store
+        sends it a second time (its connection broke with it in flight: it may have committed)."""
+        runs = 0
+
+        async def go(conn: Any) -> T:
+            nonlocal runs
+            runs += 1
+            return await (first if runs == 1 else again)(conn)
+
+        result = await self._with_conn(go)
+        self.commits += 1
+        return result
+
     async def acquire_lock(
         self, name: str, holder: str, ttl: timedelta, now: datetime | None, claim: str | None = None
     ) -> Lock | None:
         params = {"name": name, "holder": store_text(holder), "ttl": ttl, "now": now, "claim": claim}  # (a caller's text)
-        row = await self._one(ACQUIRE, params)
+
+        async def first(conn: Any) -> tuple[Any, ...] | None:
+            row: tuple[Any, ...] | None = await (await conn.execute(ACQUIRE, params)).fetchone()
+            return row
+
+        async def again(conn: Any) -> tuple[Any, ...] | None:
+            # Found held, it may be this very acquire's: the first sending committed. The
+            # claim tells (without one, nothing does: in doubt, as a lost answer is).
+            if claim is None:
+                raise store_unavailable(self.where, "{store} lost the answer of a lock's acquire, which may have committed")
+            row = await first(conn)
+            if row is None:
+                row = await (await conn.execute(TAKEN_WITH, params)).fetchone()
+            return row
+
+        row = await self._again(first, again)
         if row is None:
             return None
         token, acquired_at, expires_at = row
@@ -161,12 +210,17 @@ class PostgresLocks:
         return _utc(row[0]) if row else None
 
     async def release_lock(self, name: str, token: int, now: datetime | None) -> bool:
-        async def go(conn: Any) -> bool:
-            return bool((await conn.execute(RELEASE, {"name": name, "token": token, "now": now})).rowcount == 1)
+        params = {"name": name, "token": token, "now": now}
 
-        released = await self._with_conn(go)
-        self.commits += 1
-        return released
+        async def first(conn: Any) -> bool:
+            return bool((await conn.execute(RELEASE, params)).rowcount == 1)
+
+        async def again(conn: Any) -> bool:
+            # Found free, it may be this very release's doing (then the claim is cleared),
+            # not an operator's: the lease was not lost.
+            return await first(conn) or await (await conn.execute(RELEASED, params)).fetchone() is not None
+
+        return await self._again(first, again)
 
     async def give_back_lock(self, name: str, claim: str, now: datetime | None) -> bool:
         async def go(conn: Any) -> bool:
@@ -177,19 +231,26 @@ class PostgresLocks:
         return given_back
 
     async def force_release_lock(self, name: str, now: datetime | None, token: int | None = None) -> LockRelease | None:
-        async def go(conn: Any) -> LockRelease | None:
+        async def release(conn: Any, again: bool) -> LockRelease | None:
             async with conn.transaction():
                 row = await (await conn.execute(LOCK_FOR_RELEASE, {"name": name, "now": now})).fetchone()
                 if row is None:
                     return None
                 lock = _lock(row)
+                if again and (token is None or lock.token != token or lock.holder is None):
+                    # The first sending may have freed the lock: whoever holds it now may
+                    # have taken it since (released again, their lease would be), and one
+                    # found free or under another token may be its doing, not a refusal.
+                    # Only the lease of the token given, still held, is surely untouched.
+                    raise store_unavailable(
+                        self.where, "{store} lost the answer of a lock's release, which may have been done all the "
+                        "same: look before releasing it again"
+                    )  # fmt: skip
                 if token is None or lock.token == token:
                     await conn.execute(FORCE_RELEASE, {"name": name, "now": row[6]})
                 return LockRelease(lock, _utc(row[6]))
 
-        lock = await self._with_conn(go)
-        self.commits += 1
-        return lock
+        return await self._again(lambda conn: release(conn, False), lambda conn: release(conn, True))
 
     async def get_lock(self, name: str) -> Lock | None:
         rows = await self._fetchall(GET_LOCK, (name,))
