@@ -870,6 +870,28 @@ async def test_bad_ttls_and_names_are_refused_naming_the_value(engines: Callable
         await a.locks.release("never")
 
 
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [("a" * 10_000, "'" + "a" * 79 + "… (10000 characters)"), ("\u00e9", "'\\xe9'"), ("e\u0301", "'e\\u0301'"),
+     ("\ud800", "'\\ud800'"), ("a\x00b", "'a\\x00b'"), ("a\x1b[2Jb", "'a\\x1b[2Jb'")],
+    ids=["long", "e-acute", "e-combining", "surrogate", "nul", "escape"],
+)  # fmt: skip
+async def test_a_bad_lock_name_is_quoted_on_one_short_line_each_character_told_apart(
+    engines: Callable[..., Engine], name: str, shown: str
+) -> None:
+    """A name of 10,000 characters was echoed whole (the API's 422, the command line's one
+    line of 10,000 characters); "é" was said to be no letter, and written as an e and a
+    combining accent it looked the same as that, and as the letter typed."""
+    a = engines()
+    await a.open()
+    for refuse in (a.locks.acquire, a.locks.release):
+        with pytest.raises(BadInput) as refused:
+            await refuse(name)
+        message = refused.value.message
+        assert message == f"invalid lock name {shown} (1-200 characters of ASCII letters, digits and _ . : / @ -)"
+        assert message.replace("…", "").isascii() and message.isprintable() and len(message) < 200
+
+
 async def test_the_cluster_coordinations_lock_names_are_refused_to_applications(engines: Callable[..., Engine]) -> None:
     """``cluster:shard:NN`` held by an application stopped every schedule of that shard from
     firing (the member took it for another's), and the coordinator gave back a

@@ -9,7 +9,9 @@ from datetime import datetime, timedelta
 from typing import Any, Final, Literal, TypedDict
 
 from backend.errors import BadInput, SchedtuiError
+from backend.inputs import shown_number
 from backend.model import Timestamp, iso, parse_iso
+from backend.safetext import printable
 
 __all__ = [
     "CLUSTER_LOCKS",
@@ -91,9 +93,17 @@ def check_lock_to_take(name: object) -> str:
 
 
 def check_lock_name(name: object) -> str:
+    """``name`` if it is a lock's name; BadInput otherwise, quoting it on one line of bounded
+    length (a name of 10,000 characters was echoed whole, in the API's answer and on the
+    command line's one line), in ASCII: "é" said to be no letter, while "é" written as an e and
+    a combining accent looked the same as it, and as the letter typed."""
     if not isinstance(name, str) or not LOCK_NAME.fullmatch(name):
+        if isinstance(name, str):
+            shown = printable(ascii(name), 80) + (f" ({len(name)} characters)" if len(name) > 200 else "")
+        else:
+            shown = shown_number(name, 80)
         raise BadInput(
-            f"invalid lock name {name!r} (1-200 characters of letters, digits and _ . : / @ -)", field="name"
+            f"invalid lock name {shown} (1-200 characters of ASCII letters, digits and _ . : / @ -)", field="name"
         )
     return name
 
