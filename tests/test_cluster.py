@@ -31,12 +31,22 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from backend import Engine, ManualClock, Unavailable, define_schedule
-from backend.scheduler.coordination.cluster import MEMBER_PREFIX, SHARDS, Cluster, ClusterStore, shard_of, spread
+from backend.scheduler.coordination.cluster import (
+    CLUSTER_PREFIX,
+    MEMBER_PREFIX,
+    SHARDS,
+    Cluster,
+    ClusterStore,
+    shard_lock,
+    shard_of,
+    spread,
+)
 from backend.scheduler.coordination.suspects import MAX_HOLD_LEASES, Suspects
 from backend.schedules import Schedule
 from backend.store.postgres.cluster import ClusterState
 from backend.store.postgres.store import PostgresStore
 from tests import pg
+from tests.tcp_relay import relay_to, via
 
 UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -835,3 +845,29 @@ async def test_list_gains_the_owner_of_each_schedule_in_cluster_mode(pg_url: str
         )
     finally:
         await engine.stop(grace=0)
+
+
+@pg_only
+async def test_a_take_of_shards_whose_answer_was_lost_and_that_the_store_sent_again_has_them(pg_url: str) -> None:
+    """The take commits and its answer is lost (the connection breaks after the commit); the
+    store sends it again on a fresh connection, which finds the shards held. It answers
+    them, as taken: a member used to hold them without knowing it, unrenewed and unfired,
+    until their lease ran out (its member lock too: out of the fleet for a lease)."""
+    names = [shard_lock(7), shard_lock(8), f"{MEMBER_PREFIX}a"]
+    with relay_to(pg_url) as relay:
+        store = PostgresStore(via(pg_url, relay.port))
+        await store.open()
+        try:
+            relay.lose_reply(shard_lock(8).encode())  # the take's answer names it
+            got = await store.acquire_shards(names, "a", timedelta(seconds=30), T0)
+            assert relay.lost.is_set()
+            state = await store.cluster_state(CLUSTER_PREFIX, T0)
+            held = {name: (lock.token, lock.expires_at) for name, lock in state.locks.items() if lock.holder == "a"}
+            assert got == held and set(got) == set(names)
+            # Another take, even by the same holder, is answered none of them: they are held.
+            assert await store.acquire_shards(names, "a", timedelta(seconds=30), T0) == {}
+            later = T0 + timedelta(seconds=31)  # expired: taken again, each once, under new tokens
+            again = await store.acquire_shards(names, "b", timedelta(seconds=30), later)
+            assert set(again) == set(names) and all(again[n][0] > got[n][0] for n in names)
+        finally:
+            await store.close()

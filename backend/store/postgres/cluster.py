@@ -13,6 +13,7 @@ and find their token stale. No claims table is written in this mode.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,6 +28,15 @@ __all__ = ["ClusterState", "PostgresCluster"]
 
 T = TypeVar("T")
 
+#: Takes the free or expired shards among ``names`` under a claim drawn for the call, and
+#: answers them with those the same call's sending before this one took (``before``): the
+#: store sends a statement again on a fresh connection when its connection broke with it in
+#: flight, and the first sending may have committed, its answer lost. Sent again as it
+#: was, it found those shards held and took nothing; the member then held them without
+#: knowing it, unrenewed and unfired, until their lease ran out (its member lock too: out
+#: of the fleet for a lease). ``before`` reads the statement's snapshot, which has only
+#: what committed before it; a shard it takes now was expired there, so none is answered
+#: twice.
 ACQUIRE_SHARDS = f"""
     WITH t AS {_NOW},
     free AS (
@@ -36,20 +46,25 @@ ACQUIRE_SHARDS = f"""
     ),
     taken AS (
         UPDATE schedtui_locks l SET holder = %(holder)s, token = nextval('schedtui_lock_tokens'),
-            acquired_at = t.now, renewed_at = t.now, expires_at = t.now + %(ttl)s
+            acquired_at = t.now, renewed_at = t.now, expires_at = t.now + %(ttl)s, claim = %(claim)s
         FROM t, free f WHERE l.name = f.name
         RETURNING l.name, l.token, l.expires_at
     ),
     added AS (
-        INSERT INTO schedtui_locks (name, holder, token, acquired_at, renewed_at, expires_at)
-        SELECT n.name, %(holder)s, nextval('schedtui_lock_tokens'), t.now, t.now, t.now + %(ttl)s
+        INSERT INTO schedtui_locks (name, holder, token, acquired_at, renewed_at, expires_at, claim)
+        SELECT n.name, %(holder)s, nextval('schedtui_lock_tokens'), t.now, t.now, t.now + %(ttl)s, %(claim)s
         FROM t, unnest(%(names)s::text[]) AS n(name)
         WHERE NOT EXISTS (SELECT 1 FROM schedtui_locks l WHERE l.name = n.name)
         ORDER BY n.name
         ON CONFLICT (name) DO NOTHING
         RETURNING name, token, expires_at
+    ),
+    before AS (
+        SELECT l.name, l.token, l.expires_at FROM schedtui_locks l, t
+        WHERE l.name = ANY(%(names)s::text[]) AND l.claim = %(claim)s AND l.holder = %(holder)s
+            AND l.expires_at > t.now
     )
-    SELECT * FROM taken UNION ALL SELECT * FROM added
+    SELECT * FROM taken UNION ALL SELECT * FROM added UNION ALL SELECT * FROM before
 """
 RENEW_SHARDS = f"""
     WITH t AS {_NOW},
@@ -181,8 +196,10 @@ class PostgresCluster:
     async def acquire_shards(
         self, names: Sequence[str], holder: str, ttl: timedelta, now: datetime | None
     ) -> dict[str, tuple[int, datetime]]:
-        """Take the shards among ``names`` that are free or expired: ``{name: (token, expires_at)}``."""
-        rows = await self._rows(ACQUIRE_SHARDS, {"names": list(names), "holder": holder, "ttl": ttl, "now": now}, writes=True)
+        """Take the shards among ``names`` that are free or expired: ``{name: (token, expires_at)}``
+        (and those a sending of it whose answer was lost took: see ACQUIRE_SHARDS)."""
+        params = {"names": list(names), "holder": holder, "ttl": ttl, "now": now, "claim": secrets.token_hex(12)}
+        rows = await self._rows(ACQUIRE_SHARDS, params, writes=True)
         return {name: (int(token), _utc(expires)) for name, token, expires in rows}
 
     async def release_shards(self, held: dict[str, int], now: datetime | None) -> None:
