@@ -37,7 +37,7 @@ from backend.api.app import create_app
 from backend.client.embedded import EmbeddedBackend
 from backend.client.remote import RemoteBackend
 from backend.cron import Cron
-from backend.errors import BadInput
+from backend.errors import BadInput, Unavailable
 from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.ids import IdFactory
@@ -778,6 +778,47 @@ async def test_a_sink_that_never_accepts_is_given_up_on_and_recorded(
     assert gave_up.detail is not None and (gave_up.detail["attempt"], gave_up.detail["error"]) == (3, "HTTP 503")
     # The paging path's own health, for an alert on it: the metric counts each outcome.
     assert await notifications(engine) == {"retried": 2, "given_up": 1}
+
+
+class OutcomesRefused:
+    """A store that refuses (:class:`Unavailable`) the next ``refusals`` outcome writes, the rest as it is."""
+
+    def __init__(self, inner: Any, refusals: int) -> None:
+        self.inner, self.refusals = inner, refusals
+
+    async def finish_delivery(self, *args: Any, **kwargs: Any) -> bool:
+        if self.refusals:
+            self.refusals -= 1
+            raise Unavailable("the store cannot be reached (a blip)")
+        return cast(bool, await self.inner.finish_delivery(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_an_outcome_the_store_refuses_once_is_recorded_again_not_sent_again(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The webhook accepted the POST and the store refused its outcome for a moment (a
+    failover, a connection reset): the outcome was forgotten, the row stayed claimed, and
+    once the lease ran out the page was sent again, a second page for a blip, uncounted
+    in the metric. The outcome is recorded again at the next poll: one POST, one audit
+    entry, one count, however long the clock goes on."""
+    engine = alerting_engine([define_schedule(name="job", cron="0 * * * *", timezone="UTC", handler=fails)])
+    await engine.start()
+    notifier = engine.alerts.notifier
+    assert notifier is not None
+    notifier.store = cast(Any, OutcomesRefused(notifier.store, refusals=2))
+    with caplog.at_level(logging.WARNING, logger="schedtui.alerts"):
+        await fail_at_nine(engine, clock)
+    assert receiver.delivered() == [("failing:job", "firing")]
+    await step(engine, clock, 1, times=3)  # the polls: refused once more, then recorded
+    await step(engine, clock, 61, times=3)  # past the claim's lease
+    assert receiver.delivered() == [("failing:job", "firing")]
+    audit = (await engine.audit.list()).entries
+    assert [(e.action, e.target) for e in audit] == [("alert.notified", "failing:job")]
+    assert await notifications(engine) == {"delivered": 1}
+    assert "its outcome (delivered) cannot be recorded now" in caplog.text
 
 
 class TricklingWebhook:

@@ -194,6 +194,16 @@ def _error(exc: BaseException) -> str:
     return text[:ERROR_MAX]
 
 
+@dataclass(frozen=True)
+class _Outcome:
+    """What came of one POST, to be written under its claim."""
+
+    delivery: Delivery
+    at: datetime
+    retry_at: datetime | None
+    error: str | None
+
+
 def _retrieved(future: asyncio.Future[Any]) -> None:
     if not future.cancelled():
         future.exception()
@@ -236,6 +246,8 @@ class Notifier:
         self._client: httpx.AsyncClient | None = None
         self._sending: set[asyncio.Task[None]] = set()
         """Deliveries in flight: a stop lets them end within its grace (see :meth:`stop`)."""
+        self._unrecorded: dict[str, list[_Outcome]] = {}
+        """Per sink, the outcomes of POSTs made that the store could not take then."""
         self._cut_claims: list[asyncio.Future[list[Delivery]]] = []
         """Claims on their way when a stop cancelled the delivery loop (see :meth:`stop`)."""
         self.outcomes: Counter[tuple[str, str]] = Counter()
@@ -253,7 +265,8 @@ class Notifier:
     async def stop(self, grace: float) -> None:
         """Let the POSTs in flight end and their outcomes be recorded, for up to ``grace``
         seconds (the delivery loop was cancelled before: nothing more is claimed); cut the
-        rest short (sent again once their lease runs out); close the client.
+        rest short (sent again once their lease runs out); record the outcomes the store
+        could not take when their POSTs ended; close the client.
 
         A claim the loop's cancellation found on its way may commit all the same: once it
         answers, what it took is POSTed within the grace like the rest, or with none given
@@ -277,6 +290,11 @@ class Notifier:
         for task in list(self._sending):
             task.cancel()
         await asyncio.gather(*self._sending, return_exceptions=True)
+        for sink_id in list(self._unrecorded):
+            left = until - loop.time()
+            with contextlib.suppress(Exception):  # (else sent again once its lease runs out)
+                async with asyncio.timeout(left if left > 0 else 0.1):
+                    await self.record_unrecorded(sink_id)
         await self.close()
 
     async def close(self) -> None:
@@ -306,6 +324,7 @@ class Notifier:
     async def deliver_due_to(self, sink_id: str) -> int:
         """Claim and deliver every due row of one sink, a batch at a time; how many were handled."""
         handled = 0
+        await self.record_unrecorded(sink_id)  # (before a claim: one of them may be due again)
         while True:
             now = self.now()
             until = now + timedelta(seconds=self.settings.lease)
@@ -375,6 +394,33 @@ class Notifier:
         retry_at = None
         if error is not None and delivery.attempts < self.settings.attempts:
             retry_at = now + self.settings.retry_delay(delivery.attempts)
+        outcome = _Outcome(delivery, now, retry_at, error)
+        try:
+            await self._record(outcome)
+        except Unavailable as exc:
+            # The POST was made (perhaps accepted): forgetting its outcome would have the
+            # row sent again once its lease runs out, a second page for a store's blip. It
+            # is recorded again before this sink's next claim (see deliver_due_to).
+            self._unrecorded.setdefault(delivery.sink, []).append(outcome)
+            log.warning("alert %s to %s: its outcome (%s) cannot be recorded now (%s); recorded again when the store "
+                        "answers", delivery.alert_key, sink.shown, error or "delivered", exc)  # fmt: skip
+
+    async def record_unrecorded(self, sink_id: str) -> None:
+        """Record the outcomes of this sink's POSTs that the store could not take when they
+        were made (:class:`Unavailable` if it still cannot: the rest are kept)."""
+        kept = self._unrecorded.pop(sink_id, [])
+        try:
+            while kept:
+                await self._record(kept[0])
+                kept.pop(0)
+        finally:
+            if kept:
+                self._unrecorded.setdefault(sink_id, [])[:0] = kept
+
+    async def _record(self, outcome: _Outcome) -> None:
+        """Write a POST's outcome under its claim, and count, log and audit it."""
+        delivery, now, retry_at, error = outcome.delivery, outcome.at, outcome.retry_at, outcome.error
+        sink = self.sinks[delivery.sink]
         recorded = await self.store.finish_delivery(delivery, now, retry_at=retry_at, error=error)
         detail: dict[str, Any] = {
             "transition": delivery.transition, "sink": sink.shown, "attempt": delivery.attempts, "error": error,
