@@ -1318,6 +1318,18 @@ def test_serve_refuses_a_notify_url_no_request_could_go_to_in_one_line(
         assert "services/T0" not in lines[0] and "bad" not in lines[0].split("#")[0].split("9000")[-1]
 
 
+@pytest.mark.parametrize(("url", "at"), [("https://hooks.example/T0/\udcffsecret", 26), ("https://hook\udce9.example/x", 13)])
+def test_a_notify_url_that_is_not_utf8_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, at: int
+) -> None:
+    """An argument that is not UTF-8 (a Latin-1 terminal's é) reaches Python as a lone
+    surrogate: hashing the URL raised UnicodeEncodeError, a traceback and exit 1."""
+    assert main(["serve", "--store", f"sqlite:///{tmp_path / 'x.db'}", "--notify", url]) == 2
+    lines = [line for line in capsys.readouterr().err.strip().splitlines() if "warning: --notify" not in line]
+    assert len(lines) == 1 and "holds a byte that is not UTF-8 text" in lines[0], lines
+    assert lines == [f"schedtui: notify URL https://… holds a byte that is not UTF-8 text (character {at}): give it as UTF-8"]
+
+
 @pytest.mark.parametrize(
     ("url", "said"),
     [

@@ -137,6 +137,14 @@ def sink_of(url: str) -> Sink:
     """A sink from its URL; :class:`BadInput` naming it (without its path) if it is none.
     httpx's log line of a request to it shows it as its shown form (see _RedactedRequests)."""
     text = url.strip()
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # (a byte of an argument that is not UTF-8, kept as a lone surrogate)
+            given = text.partition("://")[0]
+            where = f"{given}://…" if "://" in text and _SCHEME.fullmatch(given) else f"of {len(text)} characters"
+            raise BadInput(f"notify URL {where} holds a byte that is not UTF-8 text (character {exc.start + 1}): "
+                           "give it as UTF-8", field="notify") from None  # fmt: skip
     if text.startswith(f"{pagerduty.SCHEME}://"):
         if any(char.isspace() for char in text):
             raise BadInput(f"notify URL {pagerduty.SCHEME}://… holds a space", field="notify")
