@@ -530,12 +530,33 @@ async def test_a_webhook_that_hangs_holds_back_no_other_webhooks_pages(tmp_path:
         await store.close()
 
 
-async def notifications(engine: Engine) -> dict[str, float]:
-    """``schedtui_alert_notifications_total`` of the test's webhook, by outcome, as scraped."""
+async def notifications(engine: Engine, *, zeros: bool = False) -> dict[str, float]:
+    """``schedtui_alert_notifications_total`` of the test's webhook, by outcome, as scraped
+    (those at 0 too with ``zeros``)."""
     _, samples = parse((await EngineMetrics(engine).render()).decode())
     shown = "https://hooks.example.test/… #" + sink_of(HOOK).id[:6]
     return {dict(labels)["outcome"]: n for (name, labels), n in samples.items()
-            if name == "schedtui_alert_notifications_total" and dict(labels)["webhook"] == shown}  # fmt: skip
+            if name == "schedtui_alert_notifications_total" and dict(labels)["webhook"] == shown and (n or zeros)}  # fmt: skip
+
+
+async def test_every_webhooks_notification_outcomes_show_from_zero(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    """A webhook's outcome series appeared at its first outcome, at 1: Prometheus's
+    increase() sees no increase in a series that first appears at 1, so the exported
+    SchedtuiNotificationsGivenUp rule (increase of given_up over 30 minutes) never paged
+    for a webhook's first give-up since its instance started. Each shows from 0, before
+    any POST, so that its first give-up is an increase."""
+    engine = alerting_engine([define_schedule(name="job", cron="0 * * * *", timezone="UTC", handler=fails,
+                                              alert={"late": False})], backoff=10, attempts=2)  # fmt: skip
+    await engine.start()
+    assert await notifications(engine, zeros=True) == {"delivered": 0, "retried": 0, "given_up": 0, "unrecorded": 0}
+    receiver.answers = [503] * 2
+    await fail_at_nine(engine, clock)
+    await step(engine, clock, 10)
+    assert await notifications(engine, zeros=True) == {"delivered": 0, "retried": 1, "given_up": 1, "unrecorded": 0}
+    (rule,) = [r for r in prometheus_rules([], [], [], T0)["groups"][0]["rules"] if r["alert"] == "SchedtuiNotificationsGivenUp"]
+    assert 'schedtui_alert_notifications_total{outcome="given_up"}' in rule["expr"]
 
 
 async def step(engine: Engine, clock: ManualClock, seconds: float, times: int = 1) -> None:

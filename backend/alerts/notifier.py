@@ -53,6 +53,8 @@ log = logging.getLogger("schedtui.alerts")
 CLAIM_BATCH: Final = 20
 #: How often an instance says again which sinks it delivers to (they are kept a day).
 REGISTER_EVERY: Final = timedelta(minutes=10)
+#: What may come of a POST, as ``schedtui_alert_notifications_total`` counts them.
+OUTCOMES: Final = ("delivered", "retried", "given_up", "unrecorded")
 #: The longest error text kept with an outbox row or an audit entry.
 ERROR_MAX: Final = 300
 #: The longest any of the settings' lengths of time may be (seconds: some 115 days).
@@ -258,10 +260,14 @@ class Notifier:
         """Per sink, the outcomes of POSTs made that the store could not take then."""
         self._cut_claims: list[asyncio.Future[list[Delivery]]] = []
         """Claims on their way when a stop cancelled the delivery loop (see :meth:`stop`)."""
-        self.outcomes: Counter[tuple[str, str]] = Counter()
+        self.outcomes: Counter[tuple[str, str]] = Counter(
+            {(sink.shown, outcome): 0 for sink in self.sinks.values() for outcome in OUTCOMES}
+        )
         """The outcomes of this instance's POSTs, by webhook (as shown) and outcome:
         ``delivered``, ``retried`` (failed, tried again later), ``given_up`` (failed, its
-        last attempt), ``unrecorded`` (its claim ran out before the outcome was written)."""
+        last attempt), ``unrecorded`` (its claim ran out before the outcome was written).
+        Each from 0: Prometheus's ``increase()`` sees no increase in a series that first
+        appears at 1, so a rule on ``given_up`` missed a webhook's first give-up."""
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
