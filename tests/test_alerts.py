@@ -842,6 +842,69 @@ async def test_an_outcome_the_store_refuses_once_is_recorded_again_not_sent_agai
     assert "its outcome (delivered) cannot be recorded now" in caplog.text
 
 
+async def test_a_claim_whose_answer_came_late_is_given_back_not_posted_past_its_lease(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A claim answered 55 s of its 60 s lease after it was asked (a store back from a
+    failover, a pool starved of connections) left 5 s for a POST of a 10 s timeout: a
+    receiver slow to answer (8 s) was still being sent to when the lease ran out, another
+    instance claimed the row and POSTed it too, and the webhook took the page twice. A
+    claim with less of its lease left than the POST's timeout is given back (due at once,
+    its attempt not counted) and claimed again with a whole lease: one page."""
+    store: Any = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    ids = IdFactory(clock.now)
+    settings = AlertSettings(sinks=(HOOK,), timeout=10.0, lease=60.0)
+    accepted: list[str] = []
+    slow = {"claim": True, "answer": True}
+    claim = store.claim_deliveries
+
+    async def answers_late(*args: Any) -> Any:
+        claimed = await claim(*args)
+        if claimed and slow["claim"]:
+            slow["claim"] = False
+            clock.advance(55)  # its answer comes 55 s after it was asked
+        return claimed
+
+    def notifier(instance: str, claims: Any) -> Notifier:
+        audit = AuditLog(store=store, clock=clock, new_id=ids, events=EventBus(), actor="test")
+        return Notifier(store=claims, clock=clock, loops=Loops(clock), instance=instance, sinks=parse_sinks([HOOK]),
+                        settings=settings, audit=audit, transport=httpx.MockTransport(answer))  # fmt: skip
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        if slow["answer"]:
+            slow["answer"] = False
+            clock.advance(8)  # a receiver slow to answer (within the timeout); meanwhile the lease runs out
+            await other.deliver_due()  # and the other instance delivers what is due
+        accepted.append(json.loads(request.content)["transition"])
+        return httpx.Response(200)
+
+    late, other = notifier("a", HeldClaims(store, answers_late)), notifier("b", store)
+    try:
+        await late.register(clock.now())
+        (written,) = [transition("failing:s", "firing", clock.now(), ids())]
+        await store.write_transitions([written], sinks_after=clock.now() - timedelta(days=1))
+        await late.deliver_due()
+        await other.deliver_due()
+        assert accepted == [written.alert.transition]
+        (notified,) = (await AuditLog(store=store, clock=clock, new_id=ids, events=EventBus(), actor="t").list()).entries
+        assert notified.detail is not None and notified.detail["attempt"] == 1  # the one given back is not counted
+    finally:
+        await late.stop(0)
+        await other.stop(0)
+        await store.close()
+
+
+class HeldClaims:
+    """A store whose claims answer through ``claim``, the rest as it is."""
+
+    def __init__(self, inner: Any, claim: Any) -> None:
+        self.inner, self.claim_deliveries = inner, claim
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class TricklingWebhook:
     """A real webhook on loopback that answers ``200`` a byte every ``every`` seconds: each
     read of its answer is quick, the whole one slow (a receiver behind a choking proxy)."""

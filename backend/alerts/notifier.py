@@ -382,6 +382,8 @@ class Notifier:
             if sink.routing_key is not None:  # PagerDuty: the alert's state now (see its module)
                 firing = next((a for a in await self.store.list_alerts() if a.key == delivery.alert_key), None)
                 content = pagerduty.event(sink.routing_key, delivery.payload, firing)
+            if not await self._time_to_post(delivery):
+                return
             async with asyncio.timeout(timeout), self.client().stream(
                 "POST",
                 sink.url,
@@ -418,6 +420,26 @@ class Notifier:
             self._unrecorded.setdefault(delivery.sink, []).append(outcome)
             log.warning("alert %s to %s: its outcome (%s) cannot be recorded now (%s); recorded again when the store "
                         "answers", delivery.alert_key, sink.shown, error or "delivered", exc)  # fmt: skip
+
+    async def _time_to_post(self, delivery: Delivery) -> bool:
+        """Whether the claim's lease outlasts a POST of the whole timeout. A claim that
+        answered late (a store back from a failover, a pool short of connections), or the
+        alert's state read slowly, may leave less: a slow receiver was still being sent to
+        when the lease ran out, another instance sent it too, and the webhook took the page
+        twice. Such a claim is given back instead (due at once, its attempt not counted),
+        to be claimed again with a whole lease; one that ran out is left to whoever has it."""
+        left = (delivery.until - self.now()).total_seconds()
+        if left >= self.settings.timeout:
+            return True
+        shown = self.sinks[delivery.sink].shown
+        if left <= 0:
+            log.warning("alert %s to %s: not sent, its claim ran out first", delivery.alert_key, shown)
+            return False
+        log.warning("alert %s to %s: not sent now, its claim has %.1fs of its lease left, less than the POST's timeout "
+                    "(%gs); given back to be claimed again", delivery.alert_key, shown, left, self.settings.timeout)  # fmt: skip
+        with contextlib.suppress(Unavailable):  # (else it waits out its lease)
+            await self.store.give_back_deliveries([delivery])
+        return False
 
     async def record_unrecorded(self, sink_id: str) -> None:
         """Record the outcomes of this sink's POSTs that the store could not take when they
