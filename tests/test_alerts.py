@@ -42,7 +42,7 @@ from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.ids import IdFactory
 from backend.jobs import JobContext
-from backend.model import InstanceInfo, Role, ScheduleState
+from backend.model import InstanceInfo, Role, Run, ScheduleState
 from backend.observability.metrics import EngineMetrics
 from backend.runtime.loops import Loops
 from backend.store import Store, open_store
@@ -404,6 +404,29 @@ async def test_a_claim_given_back_is_due_at_once_and_its_attempt_not_counted(sto
     assert await alerts.give_back_deliveries([theirs]) == 0  # done
 
 
+async def test_the_last_failure_is_found_however_many_runs_came_after_it(store: Store) -> None:
+    """The newest failed slot run and the first slot run after it (Run now runs and those
+    still running left out), whatever the number of runs since."""
+    ids = IdFactory(lambda: T0)
+
+    def slot(name: str, second: int, status: str, trigger: str = "self") -> Run:
+        at = T0 + timedelta(seconds=second)
+        return Run(ids(), name, at, cast(Any, status), cast(Any, trigger), "single", "i", at, at + timedelta(seconds=0.5),
+                   "ValueError" if status == "failed" else None, "boom" if status == "failed" else None)  # fmt: skip
+
+    runs = [slot("poll", 0, "failed"), slot("poll", 1, "failed"), slot("poll", 2, "succeeded", "manual"),
+            slot("poll", 3, "running"), slot("poll", 5, "failed", "manual")]  # fmt: skip
+    runs += [slot("poll", second, "succeeded") for second in range(4, 404)]
+    runs += [slot("fine", second, "succeeded") for second in range(10)]
+    store.save_runs(runs)
+    await store.flush()
+    found = await cast(AlertStore, store).last_failures(["poll", "fine", "unknown"])
+    assert set(found) == {"poll"}
+    failed, first_ok = found["poll"]
+    assert (failed.status, failed.scheduled_at, failed.error_tag) == ("failed", T0 + timedelta(seconds=1), "ValueError")
+    assert (first_ok.status, first_ok.scheduled_at) == ("succeeded", T0 + timedelta(seconds=4))
+
+
 async def test_retention_drops_old_resolved_alerts_and_finished_deliveries(store: Store) -> None:
     alerts: Any = store
     ids = IdFactory(lambda: T0)
@@ -648,6 +671,31 @@ async def test_a_schedule_failing_every_other_run_pages_once_and_resolves_once_i
     assert eager[-1] == "resolved"
     await step(engine, clock, 30, times=10)
     assert len(receiver.delivered()) == len(eager) + 2, "nothing more once they stopped failing"
+
+
+async def test_an_every_second_schedule_failing_every_four_minutes_stays_one_alert(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    """Failures 250 s apart are closer than resolve_after (300 s): one alert, firing
+    throughout, that resolves 300 s after the runs stop failing. Only the 200 newest runs
+    were read back: once 200 had not failed (200 s at a run a second) the alert resolved,
+    and the next failure fired it again, two pages every four minutes."""
+    failing = {"on": True}
+
+    async def poll(ctx: RunContext) -> None:
+        if failing["on"] and (ctx.scheduled_at - T0).total_seconds() % 250 < 3:
+            raise ConnectionError("the upstream dropped the connection")
+
+    engine = alerting_engine([define_schedule(name="poll", cron="* * * * * *", timezone="UTC", handler=poll,
+                                              alert={"late": False})], interval=5.0)  # fmt: skip
+    await engine.start()
+    await step(engine, clock, 1, times=1200)  # 20 minutes: a failure every 250 s
+    assert receiver.delivered() == [("failing:poll", "firing")]
+    failing["on"] = False  # the last failures: at 08:16:40 to 08:16:42
+    await step(engine, clock, 1, times=250)  # 08:24:10: 5 minutes and more since the first run that did not fail
+    assert receiver.delivered() == [("failing:poll", "firing"), ("failing:poll", "resolved")]
+    resolved = (await engine.alerts.page(resolved=True)).alerts[0]
+    assert at("2026-03-02T08:21:43Z") <= resolved.since <= at("2026-03-02T08:21:50Z"), resolved.since
 
 
 async def fails(ctx: RunContext) -> None:

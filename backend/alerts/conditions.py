@@ -111,7 +111,9 @@ def _why(run: SlotRun) -> str:
 
 # -- failing -----------------------------------------------------------------------------------
 #: The newest slot runs read for a schedule whose ``failing`` alert fires, to find when its
-#: runs stopped failing; a longer stretch without a failure has lasted long enough.
+#: runs stopped failing; where none of them failed and the oldest is within its
+#: ``resolve_after``, its newest failure and the run after it are read too (a schedule that
+#: runs every second makes 200 runs in 200 s).
 RECOVERY_RUNS: Final = 200
 
 
@@ -135,7 +137,7 @@ def failing(
     # resolve_after since the first run after the newest failure.
     last_failed = next((i for i, run in enumerate(runs) if run.status == "failed"), None)
     if last_failed is None:
-        return None  # (no failure among them: that long without one is long enough)
+        return None  # (no failure among them, nor found before them: that long without one is long enough)
     if last_failed == 0:  # the newest failed, not N in a row: what fired holds on
         return _failed(name, "the newest run", runs[0])
     first_ok, failed = runs[last_failed - 1], runs[last_failed]

@@ -39,7 +39,7 @@ from backend.alerts import conditions
 from backend.alerts.conditions import Finding
 from backend.alerts.model import Alert, Condition, alert_key
 from backend.alerts.policy import DurableAlerting, QueueAlerting
-from backend.alerts.store import AlertStore, Transition
+from backend.alerts.store import AlertStore, SlotRun, Transition
 from backend.durable.definition import DEFAULT_STEP_TIMEOUT, DurableFunction
 from backend.errors import Unavailable
 from backend.jobs.definition import Queue
@@ -222,6 +222,7 @@ class Evaluator:
                           and alert_key("failing", s.name) in firing]  # fmt: skip
             if recovering:
                 runs.update(await self.store.slot_runs(recovering, conditions.RECOVERY_RUNS))
+                await self._read_back_to_the_last_failure(recovering, schedules, runs, now)
             successes = await self.store.last_successes(names)
             for schedule in watched:
                 name = schedule.name
@@ -285,6 +286,30 @@ class Evaluator:
             return True
 
         return findings, judge, sorted(raised)
+
+    async def _read_back_to_the_last_failure(
+        self, recovering: Sequence[str], schedules: Mapping[str, Schedule], runs: dict[str, list[SlotRun]], now: datetime
+    ) -> None:
+        """A recovering schedule whose :data:`~conditions.RECOVERY_RUNS` newest runs hold no
+        failure, the oldest of them within its ``resolve_after``, stopped failing before
+        them: its newest failure and the first run after it are added to its runs (the
+        condition reads when they stopped failing from them). Without them, an
+        every-second schedule's alert resolved once 200 runs had not failed, 200 s
+        instead of 5 minutes: one failing every four minutes paged twice each time."""
+        deeper = []
+        for name in recovering:
+            kept = runs.get(name, [])
+            if len(kept) < conditions.RECOVERY_RUNS or any(run.status == "failed" for run in kept):
+                continue
+            oldest = kept[-1]
+            if (oldest.finished_at or oldest.scheduled_at) + timedelta(seconds=schedules[name].alert.resolve_after) > now:
+                deeper.append(name)
+        if not deeper:
+            return
+        for name, (failed, first_ok) in (await self.store.last_failures(deeper)).items():
+            kept = runs[name]
+            # (newest first; the first run after the failure may be the oldest read already)
+            runs[name] = [*kept, first_ok, failed] if first_ok.scheduled_at < kept[-1].scheduled_at else [*kept, failed]
 
     async def _defined_elsewhere(
         self, firing: Iterable[Alert], schedules: Mapping[str, Schedule], instances: Sequence[InstanceInfo], now: datetime

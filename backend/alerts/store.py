@@ -163,6 +163,11 @@ class AlertStore(Protocol):
     async def last_successes(self, names: Sequence[str]) -> dict[str, Success]:
         """Per named schedule, its newest succeeded slot run (names without one left out)."""
 
+    async def last_failures(self, names: Sequence[str]) -> dict[str, tuple[SlotRun, SlotRun]]:
+        """Per named schedule, its newest failed slot run and the first slot run that
+        succeeded or failed after it (names without both left out): when its runs stopped
+        failing, however many have run since."""
+
     async def dead_jobs(self, since: Mapping[str, datetime], default: datetime) -> dict[str, DeadJobs]:
         """Per queue holding dead jobs, how many died since its window's start (``since``
         by queue, else ``default``) and how many in all."""

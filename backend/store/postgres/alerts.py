@@ -175,6 +175,22 @@ LAST_SUCCESSES = """
         ORDER BY scheduled_at DESC, id DESC LIMIT 1
     ) AS r
 """
+LAST_FAILURES = """
+    SELECT n.name, f.status, f.scheduled_at, f.finished_at, f.error_tag, f.error_message,
+        o.status, o.scheduled_at, o.finished_at, o.error_tag, o.error_message
+    FROM unnest(%s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT id, status, scheduled_at, finished_at, error_tag, error_message FROM schedtui_runs
+        WHERE name = n.name AND trigger <> 'manual' AND status = 'failed'
+        ORDER BY scheduled_at DESC, id DESC LIMIT 1
+    ) AS f
+    CROSS JOIN LATERAL (
+        SELECT status, scheduled_at, finished_at, error_tag, error_message FROM schedtui_runs
+        WHERE name = n.name AND trigger <> 'manual' AND status IN ('succeeded', 'failed')
+            AND (scheduled_at, id) > (f.scheduled_at, f.id)
+        ORDER BY scheduled_at, id LIMIT 1
+    ) AS o
+"""
 DEAD_JOBS = """
     SELECT queue, count(*) FILTER (WHERE dead_at >= coalesce((%(since)s::jsonb ->> queue)::timestamptz, %(default)s)),
         count(*), max(dead_at)
@@ -298,6 +314,15 @@ class PostgresAlerts:
             return {}
         rows = await self._fetchall(LAST_SUCCESSES, (list(names),))
         return {r[0]: Success(r[1].astimezone(UTC), (r[2] or r[1]).astimezone(UTC)) for r in rows}
+
+    async def last_failures(self, names: Sequence[str]) -> dict[str, tuple[SlotRun, SlotRun]]:
+        if not names:
+            return {}
+        return {
+            r[0]: (SlotRun(r[1], r[2].astimezone(UTC), _utc(r[3]), r[4], r[5]),
+                   SlotRun(r[6], r[7].astimezone(UTC), _utc(r[8]), r[9], r[10]))
+            for r in await self._fetchall(LAST_FAILURES, (list(names),))
+        }  # fmt: skip
 
     async def dead_jobs(self, since: Mapping[str, datetime], default: datetime) -> dict[str, DeadJobs]:
         windows = json.dumps({queue: at.isoformat() for queue, at in since.items()})

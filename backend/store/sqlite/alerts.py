@@ -140,6 +140,20 @@ LAST_SUCCESSES = """
         ORDER BY scheduled_at DESC, id DESC LIMIT 1
     )
 """
+LAST_FAILURES = """
+    SELECT n.value, f.status, f.scheduled_at, f.finished_at, f.error_tag, f.error_message,
+        o.status, o.scheduled_at, o.finished_at, o.error_tag, o.error_message
+    FROM json_each(?) AS n
+    JOIN runs AS f ON f.id = (
+        SELECT id FROM runs WHERE name = n.value AND trigger <> 'manual' AND status = 'failed'
+        ORDER BY scheduled_at DESC, id DESC LIMIT 1
+    )
+    JOIN runs AS o ON o.id = (
+        SELECT id FROM runs WHERE name = n.value AND trigger <> 'manual' AND status IN ('succeeded', 'failed')
+            AND (scheduled_at, id) > (f.scheduled_at, f.id)
+        ORDER BY scheduled_at, id LIMIT 1
+    )
+"""
 DEAD_JOBS = """
     SELECT queue, sum(dead_at >= coalesce((SELECT value FROM json_each(?) WHERE key = queue), ?)), count(*), max(dead_at)
     FROM jobs
@@ -290,6 +304,17 @@ class SQLiteAlerts:
         listed = json.dumps(list(names))
         rows = await self._read(lambda c: c.execute(LAST_SUCCESSES, (listed,)).fetchall())
         return {r[0]: Success(_dt(r[1]), _dt(r[2] if r[2] is not None else r[1])) for r in rows}
+
+    async def last_failures(self, names: Sequence[str]) -> dict[str, tuple[SlotRun, SlotRun]]:
+        if not names:
+            return {}
+        listed = json.dumps(list(names))
+        rows = await self._read(lambda c: c.execute(LAST_FAILURES, (listed,)).fetchall())
+        return {
+            r[0]: (SlotRun(r[1], _dt(r[2]), _dt(r[3]) if r[3] is not None else None, r[4], r[5]),
+                   SlotRun(r[6], _dt(r[7]), _dt(r[8]) if r[8] is not None else None, r[9], r[10]))
+            for r in rows
+        }  # fmt: skip
 
     async def dead_jobs(self, since: Mapping[str, datetime], default: datetime) -> dict[str, DeadJobs]:
         params = (json.dumps({queue: _us(at) for queue, at in since.items()}), _us(default))
