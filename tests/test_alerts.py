@@ -46,7 +46,9 @@ from backend.model import InstanceInfo, Role, Run, ScheduleState
 from backend.observability.metrics import EngineMetrics
 from backend.runtime.loops import Loops
 from backend.store import Store, open_store
-from console.cli.main import UsageError, main, notify_file_urls
+from console.cli.main import main
+from console.cli.output import UsageError
+from console.cli.parsing import notify_file_urls
 from tests import pg
 from tests.test_metrics import parse
 

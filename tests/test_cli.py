@@ -865,7 +865,8 @@ def test_read_only_before_or_after_the_verb_is_never_dropped(cli: Cli) -> None:
 
 
 def test_a_store_beside_a_url_from_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from console.cli.main import UsageError, parse_args
+    from console.cli.output import UsageError
+    from console.cli.parsing import parse_args
 
     monkeypatch.setenv("SCHEDTUI_URL", "http://sched:8080")
     (tmp_path / "store.url").write_text("sqlite:///elsewhere.db\n")
@@ -877,7 +878,7 @@ def test_a_store_beside_a_url_from_the_environment_is_refused(monkeypatch: pytes
 
 
 def test_console_options_before_the_verb_reach_the_console() -> None:
-    from console.cli.main import parse_args
+    from console.cli.parsing import parse_args
 
     for argv in (
         ["--read-only", "console", "--url", "http://sched:8080"],
@@ -1447,12 +1448,12 @@ def test_out_of_descriptors_where_no_store_said_it_is_one_line(
 ) -> None:
     """Whatever runs short first (a lazy import, a definition file, a socket), the verb ends
     in one line naming the limit, exit 1; any other OSError is still a traceback (a bug)."""
-    import console.cli.main as cli_main
+    import console.cli.backends as cli_backends
 
     def short(*args: object, **kwargs: object) -> NoReturn:
         raise error
 
-    monkeypatch.setattr(cli_main, "discover_definitions", short)
+    monkeypatch.setattr(cli_backends, "discover_definitions", short)
     done = cli("list")
     assert done.returncode == 1, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr

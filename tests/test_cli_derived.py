@@ -18,7 +18,8 @@ import pytest
 
 from backend.client.actions import ACTIONS, REQUIRED
 from console.cli import derive
-from console.cli.main import SHARED, _verbs, build_parser, main, verb_modules
+from console.cli.main import main
+from console.cli.parsing import SHARED, build_parser, commands, verb_modules
 from tests.servers import cli_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 def test_every_verb_but_serve_migrate_console_demo_and_the_file_generators_is_a_derived_action() -> None:
     by_verb = parsers()
-    handlers = _verbs()
+    handlers = commands()
     groups = {command for command in by_verb if command not in handlers}
     assert set(handlers) <= set(by_verb) and groups == {"schedules", "jobs", "durable"}  # (a group alone does nothing)
     for command, parser in by_verb.items():

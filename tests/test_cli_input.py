@@ -32,7 +32,7 @@ from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import discover_definitions
 from backend.durable.service import parse_json_option
-from console.cli.main import parse_args
+from console.cli.parsing import parse_args
 from tests.servers import FOREIGN_ANSWERS, INSPECT_INFO, Reply, json_server, run_main, start_server
 from tests.test_cli import SCHEDULES, Cli, child_env, create_store, write_tree
 

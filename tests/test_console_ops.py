@@ -263,7 +263,7 @@ async def test_a_refused_or_missing_token_is_said_in_the_header_with_how_to_give
 
 
 def test_the_header_names_the_ways_the_console_takes_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from console.cli.main import parse_args
+    from console.cli.parsing import parse_args
 
     (tmp_path / "token").write_text("from-the-file\n")
     args = parse_args(["console", "--url", "http://127.0.0.1:1", "--token-file", str(tmp_path / "token")])

@@ -38,15 +38,9 @@ from backend.durable.service import parse_json_option
 from backend.inputs import decimal_number, shown_number, whole_number
 from backend.safetext import printable
 from backend.timeparse import parse_when
-from console.cli.main import (
-    _VERB_OPTIONS,
-    EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_USAGE,
-    _print_json,
-    _with_backend,
-    complain,
-)
+from console.cli.backends import with_backend
+from console.cli.output import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, complain, print_json
+from console.cli.parsing import VERB_OPTIONS
 
 __all__ = ["Call", "Part", "Verb", "add_derived", "fields", "handlers", "items"]
 
@@ -469,18 +463,18 @@ async def run(verb: Verb, args: argparse.Namespace) -> int:
             return verb.refused
         if getattr(args, "json", False):
             encoded = encode(result)
-            _print_json(encoded if verb.json is None else verb.json(encoded))
+            print_json(encoded if verb.json is None else verb.json(encoded))
         elif verb.show is not None:
             shown = verb.show(call, result)
             if inspect.isawaitable(shown):
                 await shown
         return verb.outcome(result)
 
-    return await _with_backend(args, body, definitions_needed=declared.definitions)
+    return await with_backend(args, body, definitions_needed=declared.definitions)
 
 
 def add_derived(verbs: Sequence[Verb], groups: Mapping[str, str], verb: MakeVerb, group: MakeGroup) -> None:
-    """Declare ``verbs`` with the makers of :func:`console.cli.main.build_parser`. A verb
+    """Declare ``verbs`` with the makers of :func:`console.cli.parsing.build_parser`. A verb
     of two words belongs to the group of its first (``groups`` gives a group's line when
     no verb of one word is the group's own command, as ``locks`` is)."""
     own = {v.words[0]: v for v in verbs if len(v.words) == 1}
@@ -488,13 +482,13 @@ def add_derived(verbs: Sequence[Verb], groups: Mapping[str, str], verb: MakeVerb
     for v in verbs:
         head = v.words[0]
         if len(v.words) == 1 and not any(len(o.words) == 2 and o.words[0] == head for o in verbs):
-            v.build(verb(head, v.line(), _VERB_OPTIONS))
+            v.build(verb(head, v.line(), VERB_OPTIONS))
             continue
         if head not in subverbs:
             mine = own.get(head)
-            subverbs[head] = group(head, mine.line() if mine else groups[head], _VERB_OPTIONS, mine.build if mine else None)
+            subverbs[head] = group(head, mine.line() if mine else groups[head], VERB_OPTIONS, mine.build if mine else None)
         if len(v.words) == 2:
-            v.build(subverbs[head](v.words[1], v.line(), _VERB_OPTIONS))
+            v.build(subverbs[head](v.words[1], v.line(), VERB_OPTIONS))
 
 
 def handlers(verbs: Sequence[Verb]) -> dict[str, Handler]:

@@ -20,7 +20,7 @@ from backend.safetext import in_lines
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, fields, handlers, items
 from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
-from console.cli.main import EXIT_FAILURE
+from console.cli.output import EXIT_FAILURE
 
 __all__ = ["DERIVED", "VERBS", "add_verbs", "execution_text", "executions_table"]
 

@@ -28,7 +28,7 @@ from backend.safetext import in_lines, printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
 from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
-from console.cli.main import EXIT_FAILURE, EXIT_OK, complain
+from console.cli.output import EXIT_FAILURE, EXIT_OK, complain
 
 __all__ = ["DERIVED", "VERBS", "add_verbs", "detail_text", "jobs_table", "queues_table"]
 

@@ -19,7 +19,7 @@ from backend import BadInput
 from backend.observability.logs import RunLog
 from backend.safetext import in_lines
 from console.cli.derive import Call
-from console.cli.main import complain
+from console.cli.output import complain
 
 __all__ = ["FOLLOW", "FOLLOW_EVERY_S", "follow_log", "no_json_follow", "show_log"]
 

@@ -29,7 +29,7 @@ from backend.safetext import printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
 from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
-from console.cli.main import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, _print_json, say
+from console.cli.output import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, print_json, say
 
 __all__ = ["DERIVED", "VERBS", "add_verbs", "runs_table", "schedules_table"]
 
@@ -132,7 +132,7 @@ async def _plan_backfill(call: Call) -> int | None:
     if plan.ok:
         return None
     if call.args.json:
-        _print_json(plan.to_json())
+        print_json(plan.to_json())
     name, zone = call.arguments["name"], call.zone
     say(
         f"schedtui: backfill of {name} refused: {plan.count_text()} slot(s) in "
@@ -172,7 +172,7 @@ async def _follow_backfill(call: Call, progress: BackfillProgress) -> BackfillPr
 
 async def follow_progress(backend: Backend, progress: BackfillProgress) -> BackfillProgress:
     """Draw a backfill's progress on stderr until it ends; its last progress. A stderr that
-    refuses the drawing loses it, never the backfill (see :func:`~console.cli.main.say`)."""
+    refuses the drawing loses it, never the backfill (see :func:`~console.cli.output.say`)."""
     tty = sys.stderr.isatty()
     shown = -1
     while True:

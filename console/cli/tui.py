@@ -31,8 +31,10 @@ from backend.observability.capture import reinstate_if_moved
 from backend.runtime.signals import HANGUP, on_stop_signals, why
 from backend.safetext import TerminalFormatter
 from console import format as fmt
+from console.cli.backends import engine_for
 from console.cli.derive import Verb
-from console.cli.main import _CONSOLE, EXIT_OK, EXIT_USAGE, LOG_FORMAT, _configure_logging, _engine, complain, log_level, say
+from console.cli.output import EXIT_OK, EXIT_USAGE, LOG_FORMAT, complain, configure_logging, log_level, say
+from console.cli.parsing import CONSOLE_OPTIONS
 
 __all__ = ["CONSOLE_GRACE", "DERIVED", "VERBS", "add_verbs", "cmd_console", "cmd_demo"]
 
@@ -41,7 +43,7 @@ DERIVED: list[Verb] = []
 
 
 def add_verbs(verb: Any, group: Any) -> None:
-    verb("console", "the operations console (also what `schedtui` alone starts)", _CONSOLE)
+    verb("console", "the operations console (also what `schedtui` alone starts)", CONSOLE_OPTIONS)
     p = verb("demo", "the console on bundled demo definitions (schedules, a queue, a durable function) with a temporary store", [])
     p.add_argument("--headless", action="store_true", help="no console: print every firing (Ctrl-C stops)")
 
@@ -69,7 +71,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 
 async def _demo_headless() -> int:
-    _configure_logging()
+    configure_logging()
     with tempfile.TemporaryDirectory(prefix="schedtui-demo-") as tmp:
         from console.demo import play_platform, prepare_demo
 
@@ -220,7 +222,7 @@ async def cmd_console(args: argparse.Namespace) -> int:
         backend = RemoteBackend(args.url, args.token, read_only=args.read_only)
         interval = 2.0
     else:
-        engine = _engine(args, shutdown_grace=CONSOLE_GRACE)
+        engine = engine_for(args, shutdown_grace=CONSOLE_GRACE)
         if args.fire and engine.coordination == "single":
             # One firer per embedded store: refused here, in one line, before the screen is drawn.
             await engine.store.take_firing_lock(engine.instance)
