@@ -30,6 +30,13 @@ no GIL) wrote every thread's traceback to stderr (the stuck handler's frame is i
 process frozen (SIGSTOP, a suspended VM) burns none: thawed, its loop stops its handlers
 itself, as above. The timer is only armed where ``SIGPROF`` is unhandled (a profiler that
 samples with it keeps it) and the lease is held.
+
+CPU time runs slower than time where the process may use less than a core: a container's
+CPU limit (a quota of 0.5 CPU counts a second of CPU time in two seconds), so the timer
+is set to what is left times the share of a core the quota allows (:func:`cpu_share`,
+read once from the process's cgroups, v1 or v2). A machine merely overloaded gives the
+stuck thread less CPU too, with no quota to read: there the timer ends the process late,
+by how overloaded it is.
 """
 
 from __future__ import annotations
@@ -41,11 +48,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
 from backend.runtime.liveness import WorkLease
 
-__all__ = ["EXIT_LEASE_LAPSED", "LoopWatch"]
+__all__ = ["EXIT_LEASE_LAPSED", "LoopWatch", "cpu_share"]
 
 log = logging.getLogger("schedtui.engine")
 
@@ -67,6 +75,8 @@ class LoopWatch:
         self.end = end
         self.grace = min(1.0, (lease.window.total_seconds() - lease.bound) / 3)
         self.hard_stop = hard_stop
+        self.cpu_share = cpu_share() if hard_stop else 1.0
+        """The share of a core this process may use at most (see :func:`cpu_share`)."""
         """Whether the thread keeps the CPU-time timer armed behind itself (see the module):
         only where the process may end itself (``end`` is ``os._exit``)."""
         self._stop = threading.Event()
@@ -133,7 +143,9 @@ class LoopWatch:
             return
         deadline, clock = self.deadline(), self.lease.clock
         left = 0.0 if deadline is None or clock is None else deadline - clock()
-        signal.setitimer(signal.ITIMER_PROF, max(left, 0.0))
+        # (a second of CPU time takes 1/share seconds where the process may use a share of a
+        # core: a quota of 0.5 CPU doubled the time to the deadline, past the window)
+        signal.setitimer(signal.ITIMER_PROF, max(left, 0.0) * self.cpu_share)
 
     def _take_timer(self) -> None:
         if not self.hard_stop or signal.getsignal(signal.SIGPROF) is not signal.SIG_DFL:
@@ -176,3 +188,48 @@ class LoopWatch:
         if thread is not None:
             thread.join(timeout=5)
         self._give_timer_back()
+
+
+def cpu_share(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")) -> float:
+    """The share of a core the process's cgroups let it use, at most 1.0: the smallest
+    quota over period of its cgroup and its ancestors (v2's ``cpu.max``, v1's
+    ``cpu.cfs_quota_us`` and ``cpu.cfs_period_us``); 1.0 without a quota, or where none can
+    be read (not Linux, another mount)."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return 1.0
+    share = 1.0
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, _, where = rest.partition(":")
+        if controllers == "":  # v2: one hierarchy
+            mounts, read = [root, root / "unified"], _v2_quota
+        elif "cpu" in controllers.split(","):
+            mounts, read = [root / controllers, root / "cpu", root / "cpu,cpuacct"], _v1_quota
+        else:
+            continue
+        parts = [part for part in where.split("/") if part not in ("", ".", "..")]
+        for mount in mounts:
+            for depth in range(len(parts), -1, -1):  # the cgroup, then each ancestor
+                quota = read(mount.joinpath(*parts[:depth]))
+                if quota is not None:
+                    share = min(share, quota)
+    return share
+
+
+def _v2_quota(folder: Path) -> float | None:
+    try:
+        quota, period = (folder / "cpu.max").read_text().split()
+        return int(quota) / int(period) if quota != "max" and int(period) > 0 and int(quota) > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def _v1_quota(folder: Path) -> float | None:
+    try:
+        quota = int((folder / "cpu.cfs_quota_us").read_text())
+        period = int((folder / "cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
