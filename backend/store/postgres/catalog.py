@@ -105,6 +105,17 @@ UPDATE = f"""
     RETURNING {COLUMNS}
 """
 DELETE = "DELETE FROM schedtui_stored_schedules WHERE name = %s"
+#: The row a create made, as it made it (a create sent again after its answer was lost).
+CREATED = """
+    SELECT 1 FROM schedtui_stored_schedules
+    WHERE name = %s AND version = 1 AND created_at = %s AND created_by = %s AND updated_at = %s
+"""
+#: The row an update made from ``version`` (an update sent again after its answer was lost).
+UPDATED = f"""
+    SELECT {COLUMNS} FROM schedtui_stored_schedules
+    WHERE name = %s AND version = %s + 1 AND updated_at = %s AND updated_by = %s
+"""
+
 DELETE_STATE = "DELETE FROM schedtui_schedule_state WHERE name = %s"
 
 
@@ -168,10 +179,19 @@ class PostgresCatalog:
 
         return await self._with_conn(go)
 
-    async def _change(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+    async def _change(self, fn: Callable[[Any], Awaitable[T]], again: Callable[[Any], Awaitable[T]] | None = None) -> T:
+        """``fn`` in a transaction; ``again`` in its place when the store sends it a second
+        time (its connection broke with it in flight: the first sending may have committed,
+        its answer lost). Sent again as they were, a create answered "exists already", an
+        update "changed by someone else" (and was applied once more, over itself) and a
+        delete "no schedule": each looks for its own doing first."""
+        runs = 0
+
         async def go(conn: Any) -> T:
+            nonlocal runs
+            runs += 1
             async with conn.transaction():
-                return await fn(conn)
+                return await (fn if runs == 1 or again is None else again)(conn)
 
         result = await self._with_conn(go)
         self.commits += 1
@@ -189,7 +209,11 @@ class PostgresCatalog:
             await conn.execute(BUMP)
             return True
 
-        return await self._change(create)
+        async def again(conn: Any) -> bool:
+            made = (s.name, s.created_at, store_text(s.created_by), s.updated_at)
+            return await create(conn) or await (await conn.execute(CREATED, made)).fetchone() is not None
+
+        return await self._change(create, again)
 
     async def update_stored_schedule(self, schedule: StoredSchedule, version: int) -> StoredSchedule | None:
         s = schedule
@@ -202,7 +226,11 @@ class PostgresCatalog:
             await conn.execute(BUMP)
             return _row(row)
 
-        return await self._change(update)
+        async def again(conn: Any) -> StoredSchedule | None:
+            row = await (await conn.execute(UPDATED, (s.name, version, s.updated_at, store_text(s.updated_by)))).fetchone()
+            return _row(row) if row is not None else await update(conn)
+
+        return await self._change(update, again)
 
     async def delete_stored_schedule(self, name: str) -> bool:
         async def delete(conn: Any) -> bool:
@@ -212,7 +240,13 @@ class PostgresCatalog:
             await conn.execute(BUMP)
             return True
 
-        return await self._change(delete)
+        async def again(conn: Any) -> bool:
+            # Found gone, it is this delete's doing most likely (the operator's read found it
+            # a moment before): deleted, as asked, rather than "no schedule".
+            await delete(conn)
+            return True
+
+        return await self._change(delete, again)
 
     async def record_code_timings(
         self,

@@ -57,6 +57,8 @@ class PostgresInstances:
 
         async def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int: ...
 
+        async def _again(self, first: Callable[[Any], Awaitable[T]], again: Callable[[Any], Awaitable[T]]) -> T: ...
+
     # -- instances ------------------------------------------------------------------------
     async def heartbeat(
         self,
@@ -96,7 +98,20 @@ class PostgresInstances:
             await self._execute(FORGET_HOLDER, (instance, host, pid))
 
     async def forget_lost_instance(self, instance: str, host: str, pid: int, heartbeat_at: datetime) -> bool:
-        return await self._execute(FORGET_LOST, (instance, host, pid, heartbeat_at)) > 0
+        params = (instance, host, pid, heartbeat_at)
+
+        async def first(conn: AsyncConnection[Any]) -> bool:
+            return bool((await conn.execute(FORGET_LOST, params)).rowcount > 0)
+
+        async def again(conn: AsyncConnection[Any]) -> bool:
+            # Sent again after its answer was lost, it may have deleted the row already: it
+            # found none and told the operator the instance had beaten again, nothing
+            # forgotten. A name no row holds is forgotten (by this delete, or a sweep's).
+            if await first(conn):
+                return True
+            return await (await conn.execute(NAME_HOLDER, (instance,))).fetchone() is None
+
+        return bool(await self._again(first, again))
 
     async def mark_starting(self, instance: str, slot: datetime) -> None:
         await self._execute(MARK_STARTING, (slot, instance))

@@ -64,6 +64,7 @@ from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
 from backend.jobs.store import REVOKE, Claimed, Cycle, Finish, Handover, NewJob, QueueSpec, RunningJob
 from backend.safetext import store_text as _text
+from backend.store import store_unavailable
 from backend.store.job_rows import (
     ATTEMPT_FIELDS,
     CLAIMED_FIELDS,
@@ -494,6 +495,12 @@ RETRY_DEAD = f"""
     )
     SELECT t.status, r.* FROM target t LEFT JOIN retried r ON true
 """
+#: A dead job's retry that a sending of it before applied (see ``PostgresJobs.retry_job``):
+#: queued again from the retry's own instant (only a retry sets ``run_after`` to it).
+RETRIED = f"""
+    SELECT {", ".join(JOB_FIELDS)} FROM schedtui_jobs
+    WHERE queue = %(queue)s AND id = %(id)s AND NOT deleted AND dead_at IS NULL AND run_after = %(at)s
+"""
 PAUSE = "UPDATE schedtui_queues SET paused = %s, changed_by = %s, changed_at = %s WHERE name = %s"
 QUEUE_VIEWS = f"""
     SELECT q.name, q.concurrency, q.paused,
@@ -814,6 +821,8 @@ class PostgresJobs:
     _fetchall: Callable[..., Awaitable[list[tuple[Any, ...]]]]
     _fetchone: Callable[..., Awaitable[tuple[Any, ...] | None]]
     _execute: Callable[..., Awaitable[int]]
+    _again: Callable[..., Awaitable[Any]]
+    where: str
     commits: int
     pooler: PoolerSettings
 
@@ -1225,19 +1234,57 @@ class PostgresJobs:
     async def waiting_jobs(self, due_before: datetime) -> dict[str, int]:
         return {queue: int(count) for queue, count in await self._fetchall(WAITING, (due_before,))}
 
+    # An operator's cancel, delete or retry whose answer was lost (the connection broke with
+    # it in flight, after its commit) is sent again by the store (see ``_again``): sent as
+    # it was, it found its own doing and told the operator "no such job" or "not dead".
+    # Sent again, one that finds its job still to act on acts; a cancel or a delete that
+    # finds none may have done it (its row is gone) and says so rather than "not found";
+    # a retry finds the job queued again from its own instant.
     async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
         sql, value = (CANCEL_BY_KEY, key) if id is None else (CANCEL_BY_ID, id)
-        row = await self._fetchone(sql, (queue, value))
-        return bool(row and row[0])
+
+        async def first(conn: AsyncConnection[Any]) -> bool:
+            row = await (await conn.execute(sql, (queue, value))).fetchone()
+            return bool(row and row[0])
+
+        async def again(conn: AsyncConnection[Any]) -> bool:
+            if await first(conn):
+                return True
+            raise self._in_doubt("cancel", "cancelling")
+
+        return bool(await self._again(first, again))
 
     async def delete_job(self, queue: str, job_id: str) -> bool:
-        rows = await self._fetchall(DELETE_JOB, {"queue": queue, "id": job_id})
-        self.commits += 1
-        return bool(rows)
+        params = {"queue": queue, "id": job_id}
+
+        async def first(conn: AsyncConnection[Any]) -> bool:
+            return bool(await (await conn.execute(DELETE_JOB, params)).fetchall())
+
+        async def again(conn: AsyncConnection[Any]) -> bool:
+            if await first(conn):
+                return True
+            raise self._in_doubt("delete", "deleting")
+
+        return bool(await self._again(first, again))
+
+    def _in_doubt(self, action: str, doing: str) -> Unavailable:
+        return store_unavailable(
+            self.where, f"{{store}} lost the answer of a job's {action}, which may have been done all the same "
+            f"(the job is gone): look before {doing} it again"
+        )  # fmt: skip
 
     async def retry_job(self, queue: str, job_id: str, at: datetime) -> Job | None:
-        rows = await self._fetchall(RETRY_DEAD, {"queue": queue, "id": job_id, "at": at})
-        self.commits += 1
+        params = {"queue": queue, "id": job_id, "at": at}
+
+        async def first(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            rows: list[tuple[Any, ...]] = await (await conn.execute(RETRY_DEAD, params)).fetchall()
+            return rows
+
+        async def again(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            row = await (await conn.execute(RETRIED, params)).fetchone()
+            return [("dead", *row)] if row is not None else await first(conn)
+
+        rows = await self._again(first, again)
         if not rows:
             return None
         status, *job = rows[0]

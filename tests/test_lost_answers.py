@@ -1,0 +1,169 @@
+"""Writes of the PostgreSQL store whose answer is lost after they committed.
+
+The store sends a statement again on a fresh connection when its connection breaks with it
+in flight (:meth:`~backend.store.postgres.store.PostgresStore._with_conn`): the first
+sending may have committed. A relay (:mod:`tests.tcp_relay`) drops the one answer, the
+commit having happened. What the caller is answered must be what the first sending did:
+an operator's cancel, delete, retry or forget is not told "not found" or "nothing done"
+after doing it, a page's delivery is recorded as delivered, a claim of pages answers the
+rows it took, and runs closed as abandoned are answered closed (logged, counted, told).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from backend import Unavailable
+from backend.ids import IdFactory
+from backend.jobs.store import NewJob
+from backend.scheduler.stored import StoredSchedule
+from backend.store.postgres.store import PostgresStore
+from tests.tcp_relay import FreezableRelay, relay_to, via
+from tests.test_jobs_store import claim, define, finish
+
+pytestmark = pytest.mark.postgres
+
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+RAN_AGAIN = "store connection lost"
+ids = IdFactory(lambda: T0)
+
+
+@pytest.fixture
+def relay(pg_url: str) -> Iterator[FreezableRelay]:
+    with relay_to(pg_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def store(pg_url: str, relay: FreezableRelay) -> AsyncIterator[PostgresStore]:
+    opened = PostgresStore(via(pg_url, relay.port))
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture(autouse=True)
+def store_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "schedtui.store")
+
+
+def sent_again(relay: FreezableRelay, caplog: pytest.LogCaptureFixture) -> bool:
+    """The answer was lost and the store sent the statement again."""
+    return relay.lost.is_set() and any(RAN_AGAIN in r.getMessage() for r in caplog.records)
+
+
+# -- an operator's actions on jobs --------------------------------------------------------
+async def test_a_cancel_whose_answer_was_lost_is_no_nothing_to_cancel(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the cancel found its job gone (its own doing) and answered False: the
+    operator was told the job was not queued, and no audit entry said it was cancelled.
+    A job it finds still queued it cancels; one it finds gone may be its own doing: in
+    doubt, it says so."""
+    js = await define(store)
+    job = NewJob(ids(), "null", T0, None, key="k")
+    await js.send_jobs("mail", [job], T0)
+    relay.lose_reply(b"SELECT 1")  # the cancel's count
+    with pytest.raises(Unavailable, match="lost the answer of a job's cancel, which may have been done all the same"):
+        await js.cancel_job("mail", id=job.id)
+    assert sent_again(relay, caplog)
+    assert await js.get_job(job.id) is None  # cancelled, once
+    assert not await js.cancel_job("mail", id=job.id)  # (asked again with its answer: nothing to cancel)
+
+
+async def test_a_delete_whose_answer_was_lost_is_no_not_found(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    js = await define(store)
+    job = NewJob(ids(), "null", T0, None)
+    await js.send_jobs("mail", [job], T0)
+    relay.lose_reply(b"queued")  # the delete's answer: the status it found
+    with pytest.raises(Unavailable, match="lost the answer of a job's delete, which may have been done all the same"):
+        await js.delete_job("mail", job.id)
+    assert sent_again(relay, caplog)
+    assert await js.get_job(job.id) is None
+
+
+async def test_a_retry_whose_answer_was_lost_answers_the_job_it_put_back(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the retry found the job queued (its own doing) and raised NotDead: the
+    operator was told "job … is queued, not dead: only a dead job can be retried"."""
+    js = await define(store, attempts=1)
+    job = NewJob(ids(), "null", T0, None)
+    await js.send_jobs("mail", [job], T0)
+    (c,) = await claim(js)
+    await js.finish_jobs([finish(c, "dead", T0, tag="Boom")])
+    later = T0 + timedelta(hours=2)
+    relay.lose_reply(job.id.encode())  # the retry's answer: the job's row
+    retried = await js.retry_job("mail", job.id, later)
+    assert sent_again(relay, caplog)
+    assert retried is not None and (retried.id, retried.status, retried.attempt, retried.run_after) == (
+        job.id, "queued", 0, later
+    )  # fmt: skip
+    (again,) = await claim(js, at=later)
+    assert (again.id, again.attempt) == (job.id, 1)
+
+
+# -- the fleet ---------------------------------------------------------------------------------
+async def test_a_forget_whose_answer_was_lost_is_no_beat_again(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the forget found no row to delete (its own doing) and answered False:
+    the operator was told the instance had beaten again, nothing forgotten."""
+    await store.heartbeat("lost-one", "host-a", 4242, T0)
+    [beat] = [b for name, b in (await store.instances()).items() if name == "lost-one"]
+    relay.lose_reply(b"DELETE 1")
+    assert await store.forget_lost_instance("lost-one", beat.host, beat.pid, beat.at)
+    assert sent_again(relay, caplog)
+    assert "lost-one" not in await store.instances()
+    # A row that changed between the look and the delete still refuses it.
+    await store.heartbeat("lost-one", "host-a", 4242, T0)
+    assert not await store.forget_lost_instance("lost-one", "host-a", 4242, T0 - timedelta(seconds=1))
+
+
+# -- stored schedules ---------------------------------------------------------------------------
+def stored(name: str, at: datetime, by: str = "ops") -> StoredSchedule:
+    return StoredSchedule(
+        name=name, cron="*/5 * * * *", timezone="UTC", queue=None, durable=None, payload=None, description=None,
+        enabled=True, on_overlap="skip", backfill="skip", max_runtime=0.0, created_at=at, created_by=by,
+        updated_at=at, updated_by=by, version=1,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("change", ["create", "update", "delete"])
+async def test_a_catalog_change_whose_answer_was_lost_is_answered_as_done(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture, change: str
+) -> None:
+    """Sent again, a create found its own row ("exists already"), an update its own new
+    version ("changed by someone else", and it was applied again over itself), a delete
+    its own doing ("no schedule named …")."""
+    row = stored("nightly", T0)
+    if change != "create":
+        assert await store.create_stored_schedule(row)
+    version = await store.catalog_version()
+    relay.lose_reply(b"COMMIT")
+    later = T0 + timedelta(minutes=1)
+    result: Any
+    if change == "create":
+        result = await store.create_stored_schedule(row)
+        assert result is True
+    elif change == "update":
+        wanted = replace(row, cron="0 * * * *", updated_at=later, updated_by="bob", timing_changed_at=later)
+        result = await store.update_stored_schedule(wanted, 1)
+        assert result is not None and (result.cron, result.version, result.updated_by) == ("0 * * * *", 2, "bob")
+    else:
+        assert await store.delete_stored_schedule("nightly") is True
+    assert sent_again(relay, caplog)
+    catalog, rows = await store.stored_schedules()
+    assert catalog == version + 1  # changed once
+    if change == "delete":
+        assert rows == []
+    else:
+        assert [(r.name, r.version) for r in rows] == [("nightly", 2 if change == "update" else 1)]
