@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 
 from backend import Unavailable
+from backend.alerts.store import Delivery
 from backend.ids import IdFactory
 from backend.jobs.store import NewJob
 from backend.scheduler.stored import StoredSchedule
 from backend.store.postgres.store import PostgresStore
 from tests.tcp_relay import FreezableRelay, relay_to, via
+from tests.test_alerts import transition
 from tests.test_jobs_store import claim, define, finish
 
 pytestmark = pytest.mark.postgres
@@ -167,3 +169,61 @@ async def test_a_catalog_change_whose_answer_was_lost_is_answered_as_done(
         assert rows == []
     else:
         assert [(r.name, r.version) for r in rows] == [("nightly", 2 if change == "update" else 1)]
+
+
+# -- alerts -------------------------------------------------------------------------------------
+async def queued_page(store: PostgresStore) -> str:
+    await store.register_sinks([("sink-a", "https://a/…")], T0)
+    tid = ids()
+    assert await store.write_transitions([transition("failing:job", "firing", T0, tid)], sinks_after=T0) == ["failing:job"]
+    return tid
+
+
+async def test_a_transition_whose_answer_was_lost_is_answered_won_and_queued_once(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the transition found its own row and answered that it was not written:
+    the instance neither logged it nor woke its delivery (the page waited for the poll)."""
+    await store.register_sinks([("sink-a", "https://a/…"), ("sink-b", "https://b/…")], T0)
+    tid = ids()
+    relay.lose_reply(b"failing:job")  # the keys written
+    won = await store.write_transitions([transition("failing:job", "firing", T0, tid)], sinks_after=T0)
+    assert sent_again(relay, caplog)
+    assert won == ["failing:job"]
+    claimed = await store.claim_deliveries(["sink-a", "sink-b"], "i1", T0, T0 + timedelta(minutes=1), 10)
+    assert sorted((d.transition, d.sink) for d in claimed) == [(tid, "sink-a"), (tid, "sink-b")]  # one page a sink
+    # Another instance's same transition, proposed from the same facts, still loses.
+    assert await store.write_transitions([transition("failing:job", "firing", T0, ids())], sinks_after=T0) == []
+
+
+async def test_a_claim_of_pages_whose_answer_was_lost_answers_the_rows_it_took(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the claim found its rows leased (by itself) and took nothing: the page
+    waited out the lease, an attempt spent."""
+    tid = await queued_page(store)
+    until = T0 + timedelta(minutes=1)
+    relay.lose_reply(tid.encode())
+    claimed = await store.claim_deliveries(["sink-a"], "i1", T0, until, 10)
+    assert sent_again(relay, caplog)
+    assert [(d.transition, d.attempts, d.until) for d in claimed] == [(tid, 1, until)]
+    assert await store.finish_delivery(claimed[0], T0, retry_at=None, error=None)
+    assert await store.claim_deliveries(["sink-a"], "i1", until, until + timedelta(minutes=1), 10) == []  # delivered once
+
+
+@pytest.mark.parametrize("outcome", ["delivered", "gave_up"])
+async def test_a_delivery_whose_outcome_lost_its_answer_is_recorded(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture, outcome: str
+) -> None:
+    """Sent again, the outcome found its row done (by itself) and answered "not recorded":
+    the notifier warned that another instance might send the page again, and wrote no
+    ``alert.notified`` (or ``alert.notify_failed``) entry."""
+    await queued_page(store)
+    (d,) = await store.claim_deliveries(["sink-a"], "i1", T0, T0 + timedelta(minutes=1), 10)
+    relay.lose_reply(b"UPDATE 1")
+    error = None if outcome == "delivered" else "HTTP 500"
+    assert await store.finish_delivery(d, T0 + timedelta(seconds=1), retry_at=None, error=error)
+    assert sent_again(relay, caplog)
+    # Another claim's outcome (a later token) is still refused.
+    stale = Delivery(d.transition, d.sink, d.alert_key, d.payload, d.attempts, d.token - 1, d.created_at, d.until)
+    assert not await store.finish_delivery(stale, T0 + timedelta(seconds=1), retry_at=None, error=error)

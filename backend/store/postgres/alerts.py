@@ -14,15 +14,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.alerts.model import Alert
 from backend.alerts.store import DeadJobs, Delivery, SlotRun, StuckCandidate, Success, Transition
 from backend.store.migrations import Component
 
 __all__ = ["PostgresAlerts"]
+
+T = TypeVar("T")
 
 ALERTS_V1 = """
     CREATE TABLE schedtui_alerts (
@@ -89,6 +91,8 @@ TRANSITIONS = f"""
         ON CONFLICT (transition, sink) DO NOTHING
     )
     SELECT key FROM changed
+    UNION ALL  -- written by a sending of this very statement before (its answer lost): won too
+    SELECT a.key FROM schedtui_alerts a JOIN t ON a.key = t.key AND a.transition = t.transition
 """
 UPDATE_SUMMARIES = """
     UPDATE schedtui_alerts a SET summary = u.summary, updated_at = u.updated_at
@@ -116,17 +120,35 @@ CLAIM = """
     FROM picked p WHERE o.transition = p.transition AND o.sink = p.sink
     RETURNING o.transition, o.sink, o.alert_key, o.payload, o.attempts, o.claim, o.created_at
 """
+#: What a claim took, found by its lease's end and claimer (the same call's): the store sends
+#: the claim again on a fresh connection when its connection broke with it in flight, and
+#: the first sending may have committed, its answer lost. Sent again as it was, it found
+#: those rows leased and took others or none: they waited out the lease, their pages a
+#: lease late, an attempt spent for nothing.
+CLAIMED_BEFORE = """
+    SELECT transition, sink, alert_key, payload, attempts, claim, created_at FROM schedtui_alert_outbox
+    WHERE claimed_by = %(instance)s AND claim_until = %(until)s AND done_at IS NULL AND sink = ANY (%(sinks)s)
+    ORDER BY due_at, transition
+"""
 _HELD = "transition = %s AND sink = %s AND claim = %s AND done_at IS NULL"
+#: An outcome recorded under the claim, or recorded so by a sending of the same statement
+#: before (its answer lost: sent again, it found its row done and answered "not recorded",
+#: so the delivery was logged as perhaps sent again by another instance, and neither its
+#: ``alert.notified`` nor its ``alert.notify_failed`` entry was written). Only the claim's
+#: holder records under it, once.
+_HELD_OR_DONE = (
+    "transition = %s AND sink = %s AND claim = %s AND (done_at IS NULL OR (done_at = %s AND outcome = {outcome}))"
+)
 DELIVERED = f"""
     UPDATE schedtui_alert_outbox SET done_at = %s, outcome = 'delivered', claimed_by = NULL, claim_until = NULL,
         last_error = NULL
-    WHERE {_HELD}
+    WHERE {_HELD_OR_DONE.format(outcome="'delivered'")}
 """
 RETRY = f"UPDATE schedtui_alert_outbox SET due_at = %s, last_error = %s, claimed_by = NULL, claim_until = NULL WHERE {_HELD}"
 GAVE_UP = f"""
     UPDATE schedtui_alert_outbox SET done_at = %s, outcome = 'gave_up', last_error = %s, claimed_by = NULL,
         claim_until = NULL
-    WHERE {_HELD}
+    WHERE {_HELD_OR_DONE.format(outcome="'gave_up'")}
 """
 GIVE_BACK = f"""
     UPDATE schedtui_alert_outbox SET claimed_by = NULL, claim_until = NULL, attempts = attempts - 1
@@ -231,6 +253,8 @@ class PostgresAlerts:
 
         async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
 
+        async def _again(self, first: Callable[[Any], Awaitable[T]], again: Callable[[Any], Awaitable[T]]) -> T: ...
+
         async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]: ...
 
     async def list_alerts(self, *, resolved_after: datetime | None = None) -> list[Alert]:
@@ -272,7 +296,15 @@ class PostgresAlerts:
         if not sinks:
             return []
         params = {"now": now, "sinks": list(sinks), "limit": limit, "instance": instance, "until": until}
-        rows = await self._fetchall(CLAIM, params)
+
+        async def first(conn: Any) -> list[tuple[Any, ...]]:
+            rows: list[tuple[Any, ...]] = await (await conn.execute(CLAIM, params)).fetchall()
+            return rows
+
+        async def again(conn: Any) -> list[tuple[Any, ...]]:
+            return await (await conn.execute(CLAIMED_BEFORE, params)).fetchall() or await first(conn)
+
+        rows = await self._again(first, again)
         return [Delivery(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), r[6].astimezone(UTC), until) for r in rows]
 
     async def finish_delivery(
@@ -280,10 +312,10 @@ class PostgresAlerts:
     ) -> bool:
         key = (delivery.transition, delivery.sink, delivery.token)
         if error is None:
-            return bool(await self._execute(DELIVERED, (at, *key)))
-        if retry_at is not None:
+            return bool(await self._execute(DELIVERED, (at, *key, at)))
+        if retry_at is not None:  # (sent again, the same row: it still matches)
             return bool(await self._execute(RETRY, (retry_at, error, *key)))
-        return bool(await self._execute(GAVE_UP, (at, error, *key)))
+        return bool(await self._execute(GAVE_UP, (at, error, *key, at)))
 
     async def give_back_deliveries(self, deliveries: Sequence[Delivery]) -> int:
         given = 0
