@@ -23,6 +23,7 @@ from backend import Unavailable
 from backend.alerts.store import Delivery
 from backend.ids import IdFactory
 from backend.jobs.store import NewJob
+from backend.model import Run
 from backend.scheduler.stored import StoredSchedule
 from backend.store.postgres.store import PostgresStore
 from tests.tcp_relay import FreezableRelay, relay_to, via
@@ -227,3 +228,34 @@ async def test_a_delivery_whose_outcome_lost_its_answer_is_recorded(
     # Another claim's outcome (a later token) is still refused.
     stale = Delivery(d.transition, d.sink, d.alert_key, d.payload, d.attempts, d.token - 1, d.created_at, d.until)
     assert not await store.finish_delivery(stale, T0 + timedelta(seconds=1), retry_at=None, error=error)
+
+
+# -- runs closed as abandoned -------------------------------------------------------------------
+async def test_a_close_of_abandoned_runs_whose_answer_was_lost_answers_the_runs_it_closed(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the close found its runs closed (by itself) and answered none: they were
+    never logged, counted or told as abandoned by anyone."""
+    running = [Run(ids(), f"job-{i}", T0, "running", "self", "single", "gone-1", T0) for i in range(2)]
+    store.save_runs(running)
+    await store.flush()
+    closing = [run.finish("failed", T0 + timedelta(minutes=5), error_tag="abandoned", error_message="gone") for run in running]
+    relay.lose_reply(running[0].id.encode())
+    assert await store.close_runs(closing) == {run.id for run in running}
+    assert sent_again(relay, caplog)
+    assert await store.close_runs(closing) == set()  # (closed: a close by another instance, then, is refused)
+
+
+async def test_a_close_of_an_unrecorded_burst_whose_answer_was_lost_answers_the_runs_it_wrote(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    await store.heartbeat("gone-1", "host-a", 4242, T0)
+    await store.mark_starting("gone-1", T0)
+    rows = [
+        Run(ids(), f"job-{i}", T0, "failed", "self", "single", "gone-1", None, T0, "abandoned", "gone") for i in range(2)
+    ]
+    relay.lose_reply(b"COMMIT")
+    written = await store.close_unrecorded("gone-1", T0, rows)
+    assert sent_again(relay, caplog)
+    assert [run.id for run in written] == [run.id for run in rows]
+    assert await store.close_unrecorded("gone-1", T0, rows) == []  # (the mark is cleared: nothing more)

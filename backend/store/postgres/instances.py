@@ -26,6 +26,7 @@ from backend.store.postgres.sql import (
     INSTANCES,
     MARK_STARTING,
     NAME_HOLDER,
+    RECORDED_IDS,
     RUNNING_BACKFILLS,
     RUNNING_RUNS,
     SERVER_CLOCK,
@@ -172,10 +173,20 @@ class PostgresInstances:
                 ]
                 if missing:
                     await conn.execute(UPSERT_RUNS, (_runs_json(missing),))
-            self.commits += 1
             return missing
 
-        return await self._with_conn(close)
+        async def again(conn: AsyncConnection[Any]) -> list[Run]:
+            # Sent again after its answer was lost, it found the mark cleared (by itself) and
+            # answered none: the runs it wrote were never logged, counted or told as
+            # abandoned. Their ids are this call's own: those the ledger holds it wrote.
+            closed = await close(conn)
+            if closed:
+                return closed
+            rows = await (await conn.execute(RECORDED_IDS, ([run.id for run in runs],))).fetchall()
+            written = {row[0] for row in rows}
+            return [run for run in runs if run.id in written]
+
+        return await self._again(close, again)
 
 
 def _beats(rows: Sequence[tuple[Any, ...]]) -> dict[str, Beat]:

@@ -25,6 +25,7 @@ from backend.store.postgres.sql import (
     CLAIM,
     CLAIMED_RUN,
     CLOSE_RUNS,
+    CLOSED_AS,
     COUNT_CLAIMS,
     END_BACKFILL,
     GET_BACKFILL,
@@ -85,6 +86,8 @@ class PostgresRuns:
 
         async def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int: ...
 
+        async def _again(self, first: Callable[[Any], Awaitable[T]], again: Callable[[Any], Awaitable[T]]) -> T: ...
+
     # -- runs: reads and the rest -----------------------------------------------------------
     async def get_run(self, run_id: str) -> Run | None:
         row = await self._fetchone(GET_RUN, (run_id,))
@@ -130,8 +133,19 @@ class PostgresRuns:
         if not runs:
             return set()
         await self.flush()  # the order of hand-in: a version handed in earlier lands first
-        rows = await self._fetchall(CLOSE_RUNS, (_runs_json(runs),))
-        self.commits += 1
+        batch = (_runs_json(runs),)
+
+        async def first(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            rows: list[tuple[Any, ...]] = await (await conn.execute(CLOSE_RUNS, batch)).fetchall()
+            return rows
+
+        async def again(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            # Sent again after its answer was lost, the close found the runs it had closed
+            # closed, and answered none: they were never logged, counted or told as
+            # abandoned. Those closed as this batch closes them are its own.
+            return [*await (await conn.execute(CLOSED_AS, batch)).fetchall(), *await first(conn)]
+
+        rows = await self._again(first, again)
         return {str(row[0]) for row in rows}
 
     async def prune_runs(self, created_before: datetime, limit: int | None = None, keep: Collection[str] = ()) -> int:

@@ -187,6 +187,18 @@ CLOSE_RUNS = """
     WHERE r.id = c.id AND r.status = 'running'
     RETURNING r.id
 """
+#: The runs of a CLOSE_RUNS batch closed as the batch closes them (to the microsecond and
+#: the word): what a sending of it before did, whose answer was lost (see
+#: ``PostgresRuns.close_runs``).
+CLOSED_AS = """
+    SELECT r.id FROM schedtui_runs r
+    JOIN json_to_recordset(%s::json) AS c(id text, status text, finished_at timestamptz, error_tag text, error_message text)
+        ON r.id = c.id
+    WHERE r.status = c.status AND r.finished_at = c.finished_at AND r.error_tag IS NOT DISTINCT FROM c.error_tag
+        AND r.error_message IS NOT DISTINCT FROM c.error_message
+"""
+#: Which of these run ids the ledger holds.
+RECORDED_IDS = "SELECT id FROM schedtui_runs WHERE id = ANY (%s::text[])"
 GET_RUN = f"SELECT {RUN_WRITE_COLUMNS} FROM schedtui_runs WHERE id = %s"
 LIST_RUNS = (
     f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s ORDER BY scheduled_at DESC, id DESC LIMIT %s"
