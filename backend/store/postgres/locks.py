@@ -154,6 +154,8 @@ class PostgresLocks:
 
         async def _with_conn(self, fn: Callable[[Any], Awaitable[T]], *, wait: float = ...) -> T: ...
 
+        async def _again(self, first: Callable[[Any], Awaitable[T]], again: Callable[[Any], Awaitable[T]]) -> T: ...
+
         async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]: ...
 
     async def _one(self, sql: str, params: dict[str, Any], *, writes: bool = True) -> tuple[Any, ...] | None:
@@ -165,20 +167,6 @@ class PostgresLocks:
         if writes:
             self.commits += 1
         return row
-
-    async def _again(self, first: Callable[[Any], Awaitable[T]], again: Callable[[Any], Awaitable[T]]) -> T:
-        """``first(conn)`` on a pooled connection; ``again(conn)`` in its place when the store
-        sends it a second time (its connection broke with it in flight: it may have committed)."""
-        runs = 0
-
-        async def go(conn: Any) -> T:
-            nonlocal runs
-            runs += 1
-            return await (first if runs == 1 else again)(conn)
-
-        result = await self._with_conn(go)
-        self.commits += 1
-        return result
 
     async def acquire_lock(
         self, name: str, holder: str, ttl: timedelta, now: datetime | None, claim: str | None = None

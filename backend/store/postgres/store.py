@@ -668,6 +668,25 @@ class PostgresStore(
                     pass
         raise AssertionError("unreachable")
 
+    async def _again(
+        self, first: Callable[[AsyncConnection[Any]], Awaitable[T]], again: Callable[[AsyncConnection[Any]], Awaitable[T]]
+    ) -> T:
+        """A write: ``first(conn)`` on a pooled connection, and ``again(conn)`` in its place
+        when :meth:`_with_conn` sends it a second time (its connection broke with it in
+        flight: the first sending may have committed, its answer lost). ``again`` looks for
+        the first sending's doing before it answers: sent again as it was, a write found its
+        own effect and answered as if someone else had done it."""
+        runs = 0
+
+        async def go(conn: AsyncConnection[Any]) -> T:
+            nonlocal runs
+            runs += 1
+            return await (first if runs == 1 else again)(conn)
+
+        result = await self._with_conn(go)
+        self.commits += 1
+        return result
+
     def _hint_pooler(self, exc: psycopg.Error) -> None:
         """A prepared statement missing, already there or not the one expected is what a
         transaction pooler the store was not told of does to psycopg's statements (when
