@@ -4,8 +4,8 @@ The store sends a statement again on a fresh connection when its connection brea
 in flight (:meth:`~backend.store.postgres.store.PostgresStore._with_conn`): the first
 sending may have committed. A relay (:mod:`tests.tcp_relay`) drops the one answer, the
 commit having happened. What the caller is answered must be what the first sending did:
-an operator's cancel, delete, retry or forget is not told "not found" or "nothing done"
-after doing it, a page's delivery is recorded as delivered, a claim of pages answers the
+an operator's cancel, delete, retry or forget (of a job, an execution, an instance) is
+not told "not found" or "nothing done" after doing it, a page's delivery is recorded as delivered, a claim of pages answers the
 rows it took, and runs closed as abandoned are answered closed (logged, counted, told).
 """
 
@@ -21,6 +21,7 @@ import pytest
 
 from backend import Unavailable
 from backend.alerts.store import Delivery
+from backend.durable.store import Finish, NewExecution, StepRecord, Suspend, Write
 from backend.ids import IdFactory
 from backend.jobs.store import NewJob
 from backend.model import Run
@@ -259,3 +260,61 @@ async def test_a_close_of_an_unrecorded_burst_whose_answer_was_lost_answers_the_
     assert sent_again(relay, caplog)
     assert [run.id for run in written] == [run.id for run in rows]
     assert await store.close_unrecorded("gone-1", T0, rows) == []  # (the mark is cleared: nothing more)
+
+
+# -- an operator's actions on durable executions ------------------------------------------------
+EXECUTION = "01JD3Z6Q0V9W4C7PAXH3KJ1M2B"
+
+
+async def execution_lines(store: PostgresStore) -> tuple[str, list[str]]:
+    row = await store.durable_get(EXECUTION)
+    assert row is not None
+    return row.status, [line.message for line in row.logs or []]
+
+
+@pytest.mark.parametrize("was", ["queued", "waiting", "running"])
+async def test_a_cancel_of_an_execution_whose_answer_was_lost_answers_what_it_did(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture, was: str
+) -> None:
+    """Sent again, a cancel that ended the execution found it ended (by itself) and answered
+    "has finished; there is nothing to cancel" (no durable.cancel audit entry), and one that
+    asked a running execution to stop asked again, writing its log line twice."""
+    await store.durable_insert(NewExecution(EXECUTION, "f", "null", T0))
+    if was != "queued":
+        [claimed] = await store.durable_claim("i1", ["f"], T0, T0 + timedelta(seconds=30), 1)
+        lease = claimed.execution.lease
+    if was == "waiting":
+        nap = StepRecord(1, "nap", "sleep", "waiting", 1, T0, wake_at=T0 + timedelta(hours=1))
+        suspend = Suspend("waiting", "nap", "nap", T0 + timedelta(hours=1))
+        assert await store.durable_write(Write(EXECUTION, lease, T0, suspend, [nap])) is False
+    now = T0 + timedelta(seconds=1)
+    relay.lose_reply(b"COMMIT")
+    answer = await store.durable_cancel(EXECUTION, now, "cancelled by ops")
+    assert sent_again(relay, caplog)
+    if was == "running":
+        assert answer == ("running", "requested")
+        assert await execution_lines(store) == ("running", ["cancelled by ops: asked to stop at its next step"])
+    else:
+        assert answer == (was, "cancelled")
+        assert await execution_lines(store) == ("cancelled", ["cancelled by ops"])
+    # Asked again, later (an operator who had the answer): its answer is the execution's own.
+    later = await store.durable_cancel(EXECUTION, now + timedelta(seconds=1), "cancelled by ops")
+    assert later == (("running", "requested") if was == "running" else ("cancelled", None))
+
+
+async def test_a_retry_of_an_execution_whose_answer_was_lost_answers_it_retried(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the retry found the execution queued (by itself) and answered "is queued;
+    only a failed execution can be retried" (no durable.retry audit entry)."""
+    await store.durable_insert(NewExecution(EXECUTION, "f", "null", T0))
+    [claimed] = await store.durable_claim("i1", ["f"], T0, T0 + timedelta(seconds=30), 1)
+    failed = Finish("failed", "one", error_tag="Boom", error_message="boom", failed_step="one")
+    step = StepRecord(1, "one", "step", "failed", 1, T0, T0, error_tag="Boom", error_message="boom")
+    assert await store.durable_write(Write(EXECUTION, claimed.execution.lease, T0, failed, [step], ["failed"])) is False
+    now = T0 + timedelta(minutes=5)
+    relay.lose_reply(b"COMMIT")
+    assert await store.durable_retry(EXECUTION, now, "retried by ops") == "failed"
+    assert sent_again(relay, caplog)
+    assert await execution_lines(store) == ("queued", ["failed", "retried by ops"])
+    assert await store.durable_retry(EXECUTION, now + timedelta(seconds=1), "retried by ops") == "queued"

@@ -381,6 +381,17 @@ REQUEUE = f"""
 # A retry forgets the failed step's checkpoint so that it runs again: never a succeeded one.
 FORGET_STEP = "DELETE FROM schedtui_durable_steps WHERE execution_id = %s AND name = %s AND status <> 'succeeded'"
 INSERT_LOG = "INSERT INTO schedtui_durable_logs (execution_id, at, message) VALUES (%s, %s, %s)"
+#: Which of an operator's log lines (one of ``messages`` at its instant) an execution holds:
+#: a cancel's or a retry's own doing, whose answer was lost (see ``PostgresDurable._done``).
+LOGGED = "SELECT message FROM schedtui_durable_logs WHERE execution_id = %s AND at = %s AND message = ANY (%s::text[])"
+#: What an execution a cancel ended at once was, as near as its row tells (the cancel
+#: cleared its wait and its lease): waiting if a step of it still waits, queued if no
+#: instance ever took it, running (its lease run out) otherwise.
+CANCELLED_WAS = f"""
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM schedtui_durable_steps s WHERE s.execution_id = x.id AND s.status = 'waiting')
+        THEN 'waiting' WHEN x.instance IS NULL THEN 'queued' ELSE 'running' END
+    FROM {EXECUTIONS} x WHERE x.id = %s
+"""
 GET = f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} x WHERE id = %s"
 STEPS_OF = f"SELECT {STEP_COLUMNS} FROM schedtui_durable_steps WHERE execution_id = %s ORDER BY seq"
 #: The newest lines of an execution's log, oldest first, with their ids (a reader's place in it).
@@ -520,6 +531,10 @@ class PostgresDurable:
         async def _fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
 
         async def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int: ...
+
+        async def _again(
+            self, first: Callable[[AsyncConnection[Any]], Awaitable[T]], again: Callable[[AsyncConnection[Any]], Awaitable[T]]
+        ) -> T: ...
 
     def _checkpoint_lane(self) -> Lane:
         """The connection kept for checkpoints (made when the store opens, connected when
@@ -772,45 +787,79 @@ class PostgresDurable:
             return None
         return status, not taken and status not in ("succeeded", "failed", "cancelled")
 
+    # An operator's cancel or retry whose answer was lost (the connection broke with it in
+    # flight, after its commit) is sent again by the store (see ``_again``): sent as it was,
+    # a cancel found the execution ended by itself and answered "nothing to cancel" (a
+    # requested one, still running, wrote its line again), and a retry found it queued and
+    # answered "only a failed execution can be retried". Sent again, each looks first for
+    # its own log line (the execution, its instant, its note): found, it answers as it did.
     async def durable_cancel(self, id: str, now: datetime, note: str) -> tuple[ExecutionStatus, CancelOutcome | None] | None:
-        async def cancel(conn: AsyncConnection[Any]) -> tuple[ExecutionStatus, CancelOutcome | None] | None:
+        note = _text(note)
+        asked = f"{note}: asked to stop at its next step"
+
+        async def cancel(conn: AsyncConnection[Any], *, look: bool = False) -> tuple[ExecutionStatus, CancelOutcome | None] | None:
             async with conn.transaction():
                 row = await (await conn.execute(LOCK_STATE, (id,))).fetchone()
                 if row is None:
                     return None
                 status, lease_until, _ = row
+                if look and (done := await self._done(conn, id, now, note, asked)) is not None:
+                    if done == asked:
+                        return "running", "requested"
+                    return await self._cancelled_was(conn, id), "cancelled"
                 if status in ("succeeded", "failed", "cancelled"):
                     return status, None
                 if status == "running" and lease_until is not None and lease_until > now:
                     await conn.execute(CANCEL_ASK, (id,))
-                    await conn.execute(INSERT_LOG, (id, now, f"{_text(note)}: asked to stop at its next step"))
+                    await conn.execute(INSERT_LOG, (id, now, asked))
                     return status, "requested"
-                await conn.execute(CANCEL_NOW, (now, now, _text(note), id))
-                await conn.execute(INSERT_LOG, (id, now, _text(note)))
+                await conn.execute(CANCEL_NOW, (now, now, note, id))
+                await conn.execute(INSERT_LOG, (id, now, note))
                 return status, "cancelled"
 
-        result = await self._with_conn(cancel)
-        self.commits += 1
-        return result
+        async def again(conn: AsyncConnection[Any]) -> tuple[ExecutionStatus, CancelOutcome | None] | None:
+            return await cancel(conn, look=True)
+
+        return await self._again(cancel, again)
 
     async def durable_retry(self, id: str, now: datetime, note: str) -> ExecutionStatus | None:
-        async def retry(conn: AsyncConnection[Any]) -> ExecutionStatus | None:
+        note = _text(note)
+
+        async def retry(conn: AsyncConnection[Any], *, look: bool = False) -> ExecutionStatus | None:
             async with conn.transaction():
                 row = await (await conn.execute(LOCK_STATE, (id,))).fetchone()
                 if row is None:
                     return None
                 status, _, failed_step = row
+                if look and await self._done(conn, id, now, note) is not None:
+                    return "failed"
                 if status != "failed":
                     return status  # type: ignore[no-any-return]
                 if failed_step is not None:
                     await conn.execute(FORGET_STEP, (id, failed_step))
                 await conn.execute(REQUEUE, (now, id))
-                await conn.execute(INSERT_LOG, (id, now, _text(note)))
+                await conn.execute(INSERT_LOG, (id, now, note))
                 return "failed"
 
-        result = await self._with_conn(retry)
-        self.commits += 1
-        return result
+        async def again(conn: AsyncConnection[Any]) -> ExecutionStatus | None:
+            return await retry(conn, look=True)
+
+        return await self._again(retry, again)
+
+    @staticmethod
+    async def _done(conn: AsyncConnection[Any], id: str, now: datetime, *lines: str) -> str | None:
+        """Which of an operator's ``lines`` at ``now`` the execution's log holds: its own
+        doing, by a sending before whose answer was lost (only it writes that line at that
+        instant, to the microsecond)."""
+        row = await (await conn.execute(LOGGED, (id, now, list(lines)))).fetchone()
+        return None if row is None else str(row[0])
+
+    @staticmethod
+    async def _cancelled_was(conn: AsyncConnection[Any], id: str) -> ExecutionStatus:
+        """What an execution that a lost cancel ended at once was (see CANCELLED_WAS): the
+        audit entry's ``was``, which the row no longer holds."""
+        row = await (await conn.execute(CANCELLED_WAS, (id,))).fetchone()
+        return "queued" if row is None else row[0]
 
     async def durable_get(self, id: str) -> Execution | None:
         async def get(conn: AsyncConnection[Any]) -> Execution | None:
