@@ -24,7 +24,7 @@ from backend.alerts.store import Delivery
 from backend.durable.store import Finish, NewExecution, StepRecord, Suspend, Write
 from backend.ids import IdFactory
 from backend.jobs.store import NewJob
-from backend.model import Run
+from backend.model import BackfillProgress, Claim, Run, slot_key
 from backend.scheduler.stored import StoredSchedule
 from backend.store.postgres.store import PostgresStore
 from tests.tcp_relay import FreezableRelay, relay_to, via
@@ -318,3 +318,39 @@ async def test_a_retry_of_an_execution_whose_answer_was_lost_answers_it_retried(
     assert sent_again(relay, caplog)
     assert await execution_lines(store) == ("queued", ["failed", "retried by ops"])
     assert await store.durable_retry(EXECUTION, now + timedelta(seconds=1), "retried by ops") == "queued"
+
+
+# -- an external fire's claim given back, a dead instance's backfill ended ----------------------
+async def test_a_release_of_a_claim_whose_answer_was_lost_answers_released(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the release found the claim and its run gone (by itself) and answered
+    False: the stopping engine recorded the slot missed under the run id it had just freed,
+    while the platform's retry fired the slot elsewhere."""
+    c = Claim(slot_key("job", T0), "job", ids(), None, scheduled_at=T0, trigger="external", outcome="external")
+    assert (await store.claim([c], "a", T0)).won == {c.key}
+    relay.lose_reply(b"DELETE 1")
+    assert await store.release_claim(c.key, c.run_id)
+    assert sent_again(relay, caplog)
+    assert await store.claimed_run(c.key) is None and await store.get_run(c.run_id) is None
+    # The slot claimed again by another: a release of this claim now takes nothing of theirs.
+    other = Claim(slot_key("job", T0), "job", ids(), None, scheduled_at=T0, trigger="external", outcome="external")
+    assert (await store.claim([other], "b", T0)).won == {other.key}
+    assert not await store.release_claim(c.key, c.run_id)
+    assert await store.claimed_run(c.key) == other.run_id
+
+
+async def test_an_end_of_a_backfill_whose_answer_was_lost_answers_ended(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the end found the backfill no longer running (by itself) and answered
+    False: nobody wrote its ``schedule.backfill_end`` audit entry."""
+    running = BackfillProgress(ids(), "hourly", T0 - timedelta(hours=3), T0, 3, 1, 0, "running", "gone-1", T0)
+    await store.start_backfill(running)
+    ended = replace(running, state="abandoned", finished_at=T0 + timedelta(minutes=5), fired=2, failed=1)
+    relay.lose_reply(b"UPDATE 1")
+    assert await store.end_backfill(ended)
+    assert sent_again(relay, caplog)
+    assert await store.get_backfill(running.id) == ended
+    # Another instance's end of it (its own instant) still loses.
+    assert not await store.end_backfill(replace(ended, finished_at=T0 + timedelta(minutes=5, microseconds=1)))

@@ -23,11 +23,13 @@ from backend.store.postgres.sql import (
     BACKFILL_PKEY,
     BUSY_OF,
     CLAIM,
+    CLAIM_OR_RUN_LEFT,
     CLAIMED_RUN,
     CLOSE_RUNS,
     CLOSED_AS,
     COUNT_CLAIMS,
     END_BACKFILL,
+    ENDED_AS,
     GET_BACKFILL,
     GET_RUN,
     GET_STATES,
@@ -232,7 +234,22 @@ class PostgresRuns:
         return row[0] if row else None
 
     async def release_claim(self, key: str, run_id: str) -> bool:
-        return await self._execute(RELEASE_CLAIM, {"key": key, "run_id": run_id}) == 1
+        params = {"key": key, "run_id": run_id}
+
+        async def first(conn: AsyncConnection[Any]) -> bool:
+            return (await conn.execute(RELEASE_CLAIM, params)).rowcount == 1
+
+        async def again(conn: AsyncConnection[Any]) -> bool:
+            # Sent again after its answer was lost, the release found the claim and its run
+            # gone (by itself) and answered False: the slot was recorded missed under the
+            # run id it had just freed, while the platform's retry fired it elsewhere. Both
+            # gone is its own release.
+            if await first(conn):
+                return True
+            row = await (await conn.execute(CLAIM_OR_RUN_LEFT, params)).fetchone()
+            return row is not None and not row[0]
+
+        return bool(await self._again(first, again))
 
     async def prune_claims(self, name: str | None, before: datetime) -> int:
         if name is None:
@@ -276,7 +293,19 @@ class PostgresRuns:
 
     async def end_backfill(self, progress: BackfillProgress) -> bool:
         params = backfill_progress_params(progress)
-        return bool(await self._execute(END_BACKFILL, params))
+
+        async def first(conn: AsyncConnection[Any]) -> bool:
+            return (await conn.execute(END_BACKFILL, params)).rowcount > 0
+
+        async def again(conn: AsyncConnection[Any]) -> bool:
+            # Sent again after its answer was lost, the end found the backfill no longer
+            # running (by itself) and answered False: nobody wrote its schedule.backfill_end
+            # entry. A backfill at what this end sets, to its instant, is its own end.
+            if await first(conn):
+                return True
+            return await (await conn.execute(ENDED_AS, params)).fetchone() is not None
+
+        return bool(await self._again(first, again))
 
     async def get_backfill(self, backfill_id: str) -> BackfillProgress | None:
         row = await self._fetchone(GET_BACKFILL, (backfill_id,))

@@ -338,6 +338,13 @@ UPDATE_BACKFILL = """
 """
 # Only while it runs: of the instances closing a dead one's backfill, one wins.
 END_BACKFILL = UPDATE_BACKFILL.rstrip() + " AND state = 'running'"
+#: Whether a backfill is at what an END_BACKFILL set (every column it sets, the end's instant
+#: to the microsecond): that end's own doing, when its answer was lost (see
+#: ``PostgresRuns.end_backfill``). The parameters are END_BACKFILL's.
+ENDED_AS = """
+    SELECT 1 FROM schedtui_backfills WHERE fired = %s AND failed = %s AND state = %s
+        AND finished_at IS NOT DISTINCT FROM %s AND current_slot IS NOT DISTINCT FROM %s AND id = %s
+"""
 GET_BACKFILL = f"SELECT {BACKFILL_COLUMNS} FROM schedtui_backfills WHERE id = %s"
 RUNNING_BACKFILLS = f"SELECT {BACKFILL_COLUMNS} FROM schedtui_backfills WHERE state = 'running'"
 PRUNE_BACKFILLS = "DELETE FROM schedtui_backfills WHERE state <> 'running' AND started_at < %s"
@@ -524,6 +531,12 @@ RELEASE_CLAIM = """
         RETURNING id
     )
     DELETE FROM schedtui_claims WHERE key = %(key)s AND run_id = %(run_id)s AND EXISTS (SELECT 1 FROM run)
+"""
+#: Whether a claim naming this run, or the run, is still there: both gone, a RELEASE_CLAIM
+#: whose answer was lost released them (see ``PostgresRuns.release_claim``).
+CLAIM_OR_RUN_LEFT = """
+    SELECT EXISTS (SELECT 1 FROM schedtui_claims WHERE key = %(key)s AND run_id = %(run_id)s)
+        OR EXISTS (SELECT 1 FROM schedtui_runs WHERE id = %(run_id)s)
 """
 PRUNE_OWN_CLAIMS = "DELETE FROM schedtui_claims WHERE name = %s AND claimed_at < %s"
 #: Hourly, over a table the winners keep small: no index on claimed_at to maintain on
