@@ -302,6 +302,21 @@ async def test_a_cancel_of_an_execution_whose_answer_was_lost_answers_what_it_di
     assert later == (("running", "requested") if was == "running" else ("cancelled", None))
 
 
+@pytest.mark.parametrize("claimed", [False, True])
+async def test_a_start_of_an_execution_whose_answer_was_lost_answers_started(
+    claimed: bool, store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the start found its own row and answered a duplicate: nobody was woken
+    for it, and one claimed where it was made (to run here at once) was launched nowhere
+    and waited out its lease. A start of the same id made at another instant is one still."""
+    claim = ("i1", T0 + timedelta(seconds=30)) if claimed else None
+    relay.lose_reply(b"SELECT 1")
+    assert await store.durable_insert(NewExecution(EXECUTION, "f", "null", T0), claim=claim)
+    assert sent_again(relay, caplog)
+    later = NewExecution(EXECUTION, "f", "null", T0 + timedelta(microseconds=1))
+    assert not await store.durable_insert(later, claim=claim)
+
+
 async def test_a_retry_of_an_execution_whose_answer_was_lost_answers_it_retried(
     store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -167,6 +167,8 @@ INSERT = f"""
     )
     SELECT count(*) FROM x
 """
+#: Whether an execution is the one a start made at its creation (it may have run since).
+MADE = f"SELECT 1 FROM {EXECUTIONS} WHERE id = %s AND created_at = %s"
 #: Whether an execution is the one a start claimed for ``instance`` at its creation.
 MINE = f"""
     SELECT 1 FROM {EXECUTIONS} WHERE id = %s AND instance = %s AND lease = 1 AND status = 'running' AND created_at = %s
@@ -607,15 +609,21 @@ class PostgresDurable:
             result = await self._on_lane("start", params)
             if result is not None:
                 return result.get_value(0, 0) == b"1"
-        rows = await self._fetch_write(INSERT, params)
-        if rows[0][0]:
-            return True
-        if tried and claim is not None:
-            # The lane's attempt may have committed before its reply was lost: the row is
-            # then this very start's (claimed by this instance at its creation time), which
-            # must run here, not wait out its lease as a duplicate.
-            return await self._fetchone(MINE, (execution.id, instance, execution.created_at)) is not None
-        return False
+
+        async def again(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            # A sending before this one (the lane's, or the pool's on a connection that broke)
+            # may have committed, its answer lost: the row found is then this very start's,
+            # which was answered a duplicate (not launched, nobody woken: a claimed one waited
+            # out its lease). Its own is the one made at its creation (and claimed for this
+            # instance, when it claims).
+            rows: list[tuple[Any, ...]] = await (await conn.execute(INSERT, params)).fetchall()
+            if rows[0][0]:
+                return rows
+            own = (MINE, (execution.id, instance, execution.created_at)) if claim else (MADE, (execution.id, execution.created_at))
+            return [(1,)] if await (await conn.execute(*own)).fetchone() is not None else rows
+
+        rows = await self._fetch_write(INSERT, params, again=again, sent=tried)
+        return bool(rows[0][0])
 
     async def durable_claim(
         self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int,
