@@ -294,6 +294,28 @@ async def test_P_pauses_and_resumes_the_queue_and_p_still_pauses_refreshes(store
         assert app.paused
 
 
+async def test_P_P_typed_before_the_first_answer_pauses_then_resumes(store_url: str) -> None:
+    """The second P toggles from what the first asked, not from the list read before it:
+    over a slow link P P paused the queue twice, where the operator had paused and resumed."""
+    clock = ManualClock(FROZEN)
+    backend = Held(console_backend(store_url, clock), "set_queue_paused")
+    async with jobs_view(store_url, backend=backend) as (app, pilot, clock, notes, view):
+        for first in (True, False):  # from running, then from paused
+            if not first:
+                await pilot.press("P")
+                await settle(pilot)
+                assert (await app.backend.list_queues())[0].paused
+                backend.calls.clear()
+            backend.go.clear()  # the first is not answered before the second P
+            await pilot.press("P", "P")
+            await pilot.pause()
+            backend.go.set()
+            await settle(pilot)
+            assert [args for _, args in backend.calls] == [("mailer", first), ("mailer", not first)]
+            assert (await app.backend.list_queues())[0].paused is not first
+            assert rows(view.query_one(QueuesTable))[0][5] == ("" if first else "‖ paused")
+
+
 async def test_the_footer_names_P_as_the_toggle_it_is_on_a_paused_queue(store_url: str) -> None:
     """P on a paused queue resumes it: the footer said "Pause queue" all the same. It says
     "Pause/resume", as e says "On/off" whatever the schedule's state."""

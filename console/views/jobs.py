@@ -12,6 +12,9 @@ Acting is refused, saying why, when the console is read-only.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+from collections import defaultdict
 from datetime import datetime
 from typing import ClassVar, Final
 
@@ -84,6 +87,13 @@ class JobsView(View):
         """The job this console is deleting (its row going is no surprise)."""
         self._shown_of: tuple[str | None, str | None, str | None] | None = None
         """(queue, status, before) of the jobs the table shows."""
+        self._pausing: dict[str, tuple[int, bool]] = {}
+        """Per queue, the last pause or resume sent and not answered yet (a number and the
+        state it sets): ``P`` pressed again meanwhile toggles from that state (it toggled
+        from the list read before, and ``P`` ``P`` paused twice), and the writes of one
+        queue go one after another, in the order pressed."""
+        self._pauses = itertools.count()
+        self._pause_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     def compose(self) -> ComposeResult:
         yield Line("QUEUES", id="queues-title", classes="section")
@@ -370,16 +380,27 @@ class JobsView(View):
         queue = self._may_act("Pause/resume")
         if queue is None:
             return
-        view = next((q for q in self.queues if q.name == queue), None)
-        self._pause(queue, not (view.paused if view is not None else False))
+        pending = self._pausing.get(queue)
+        if pending is not None:
+            paused = pending[1]
+        else:
+            view = next((q for q in self.queues if q.name == queue), None)
+            paused = view.paused if view is not None else False
+        mine = (next(self._pauses), not paused)
+        self._pausing[queue] = mine
+        self._pause(queue, mine)
 
     @work(group="jobs-action")
-    async def _pause(self, queue: str, paused: bool) -> None:
+    async def _pause(self, queue: str, mine: tuple[int, bool]) -> None:
         try:
-            view = await self.console.backend.set_queue_paused(queue, paused)
+            async with self._pause_locks[queue]:  # (first come, first served: in the order pressed)
+                view = await self.console.backend.set_queue_paused(queue, mine[1])
         except SchedtuiError as exc:
             self.console.report(exc)
             return
+        finally:
+            if self._pausing.get(queue) == mine:
+                del self._pausing[queue]
         self.queues = [view if q.name == queue else q for q in self.queues]
         self.show()
         if view.paused:
