@@ -25,6 +25,7 @@ from console.app import SchedtuiApp
 from console.screens.confirm import Confirm
 from console.screens.schedule_form import SHOWN_PAYLOAD, ScheduleForm, stored_fields
 from console.views.schedules import SchedulesView
+from console.views.timeline import TimelineView
 from console.widgets import DetailBar, SchedulesTable
 from tests.console_fixtures import FROZEN, WHERE, console_backend, ledger_copy
 from tests.console_scenes import make_ledger
@@ -374,6 +375,50 @@ async def test_a_schedule_deleted_elsewhere_under_the_cursor_lets_no_key_act_on_
         await settle(pilot)
         assert notes.titled("Schedule deleted")[-1].startswith("other is gone")
         assert app.query_one(SchedulesView).moved is None
+
+
+async def test_on_the_timeline_too_a_schedule_deleted_under_the_cursor_lets_no_key_act_on_the_row_it_fell_on(
+    store_url: str,
+) -> None:
+    """The timeline's r, e, b act on its selected schedule as the Schedules view's do: one
+    deleted elsewhere while selected there let the cursor fall silently on the next row,
+    and r fired that schedule, which nobody had picked."""
+    async with schedules_view(store_url) as (app, pilot, notes, backend):
+        await pilot.press("2")
+        await settle(pilot)
+        await stored(app, pilot)
+        await backend.inner.delete_schedule("reap-sessions")  # elsewhere: the CLI, another console
+        app.request_refresh()
+        await settle(pilot)
+        landed = app.selected_name
+        assert landed is not None and landed != "reap-sessions"
+        assert notes.titled("Schedule deleted") == [f"reap-sessions is gone: it was deleted; the cursor is on {landed} now."]
+        runs_before = len((await backend.list_runs(landed)).runs)
+        timeline = app.active_view
+        assert isinstance(timeline, TimelineView)
+        for key, action in (("r", "Run now"), ("e", "Enable/disable"), ("b", "Backfill")):
+            await pilot.press(key)
+            await settle(pilot)
+            assert len(app.screen_stack) == 1, key
+            assert notes.titled("Schedule deleted")[-1] == (
+                f"{action}: not done. reap-sessions was deleted and the cursor moved by itself. "
+                f"Press the key again to act on {landed}."
+            )
+            timeline.moved = ("reap-sessions", landed)  # as it was: each key is refused once
+        assert len((await backend.list_runs(landed)).runs) == runs_before
+        await pilot.press("r")  # refused once…
+        await settle(pilot)
+        await pilot.press("r")  # …then acts on the schedule under the cursor
+        await settle(pilot)
+        assert len((await backend.list_runs(landed)).runs) == runs_before + 1
+        # A move of the cursor is a choice: nothing is refused after it.
+        await stored(app, pilot, "other")
+        await backend.inner.delete_schedule("other")
+        app.request_refresh()
+        await settle(pilot)
+        await pilot.press("k")
+        await settle(pilot)
+        assert timeline.moved is None
 
 
 async def test_schedules_in_code_can_only_be_enabled_or_disabled(store_url: str) -> None:

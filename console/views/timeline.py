@@ -77,6 +77,11 @@ class TimelineView(View):
         self.runs: dict[str, list[Run]] = {}
         """Runs loaded, per schedule, for :attr:`loaded_for`."""
         self.loaded_for: tuple[Window, frozenset[str]] | None = None
+        self.moved: tuple[str, str | None] | None = None
+        """The selected schedule that was deleted, and the row the cursor fell on instead,
+        until the operator moves the cursor or presses a key that acts (which then acts on
+        nothing, saying so), as on the Schedules view: ``r`` pressed just then fired the
+        schedule under it, which nobody had picked."""
 
     def compose(self) -> ComposeResult:
         yield Line("TIMELINE", id="timeline-title", classes="section")
@@ -94,7 +99,18 @@ class TimelineView(View):
         return self.grid.selected_name
 
     def select(self, name: str) -> bool:
+        self.moved = None
         return self.grid.select_name(name)
+
+    def selection_holds(self, action: str) -> bool:
+        if self.moved is None:
+            return True
+        gone, landed = self.moved
+        self.moved = None
+        again = f" Press the key again to act on {landed}." if landed is not None else ""
+        self.notify(f"{action}: not done. {gone} was deleted and the cursor moved by itself.{again}",
+                    title="Schedule deleted", severity="warning", markup=False)  # fmt: skip
+        return False
 
     @property
     def limit_per_name(self) -> int:
@@ -155,7 +171,14 @@ class TimelineView(View):
         window = self.window(now)
         rows = console.visible_views()
         overdue = OverdueNames(rows, console.overdue, console.data_now())
+        before = self.grid.selected_name
         self.grid.show(rows, self.runs, window, now, console.display_zone, limit=self.limit_per_name, overdue=overdue)
+        landed = self.grid.selected_name
+        if before is not None and landed != before and console.view_of(before) is None:
+            self.moved = (before, landed)
+            elsewhere = f"; the cursor is on {landed} now" if landed is not None else ""
+            self.notify(f"{before} is gone: it was deleted{elsewhere}.", title="Schedule deleted",
+                        severity="warning", markup=False)  # fmt: skip
         self._title(window, len(rows), now)
         if self._stale(window):
             self.reload()
@@ -183,6 +206,8 @@ class TimelineView(View):
 
     @on(TimelineGrid.CursorMoved)
     def _cursor_moved(self) -> None:
+        if self.moved is not None and self.grid.selected_name != self.moved[1]:
+            self.moved = None  # the operator moved the cursor: what it is on now is chosen
         self._info()
         if self.grid.window is not None and self._stale(self.grid.window):
             self.reload()
