@@ -287,3 +287,60 @@ def test_a_step_left_open_in_an_execution_that_ended_is_shown_ended() -> None:
     assert "⊘ ended" in text and "until" not in text.split("nap", 1)[1].splitlines()[0]
     waiting = dataclasses.replace(execution, status="waiting", error_tag=None, error_message=None)
     assert step_rows(waiting, "UTC", at, failed_only=False)[1][3] == "◷ waiting"  # (one that waits is shown waiting)
+
+
+async def test_an_execution_that_leaves_the_list_under_the_cursor_lets_no_key_act_on_the_one_it_fell_on(
+    store_url: str,
+) -> None:
+    """Under the filter "waiting", the selected execution signalled or cancelled elsewhere
+    left the list and the cursor fell silently on the next one, which ``c`` ``y`` then
+    cancelled for good. Now the console says so at once, and the next key that acts does
+    nothing but say so; the press after it, or any after a move of the cursor, acts. What
+    this console does itself is no surprise."""
+    async with console(store_url, size=(120, 32)) as (app, pilot, clock, notes):
+        await pilot.press("4")
+        await settle(pilot)
+        app.filter_text = "waiting"
+        app.active_view.show()
+        await settle(pilot)
+        waiting = table(app).executions
+        assert len(waiting) >= 3 and all(e.status == "waiting" for e in waiting)
+        table(app).move_cursor(row=0, animate=False)
+        await settle(pilot)
+        gone = waiting[0]
+        await app.backend.cancel_execution(gone.id)  # elsewhere: the CLI, another console
+        app.request_refresh()
+        await settle(pilot)
+        landed = table(app).selected_execution
+        assert landed is not None and landed.id != gone.id
+        assert notes.titled("Execution gone") == [
+            f"Execution {gone.id[-6:]} is no longer shown: it changed elsewhere, or newer ones pushed it off the page; "
+            f"the cursor is on {landed.id[-6:]} now."
+        ]
+        view = app.active_view
+        assert isinstance(view, DurableView)
+        for key, action in (("c", "Cancel"), ("a", "Signal"), ("R", "Retry"), ("l", "Log")):
+            await pilot.press(key)
+            await settle(pilot)
+            assert len(app.screen_stack) == 1, key
+            assert notes.titled("Execution gone")[-1] == (
+                f"{action}: not done. Execution {gone.id[-6:]} left the list and the cursor moved by itself. "
+                f"Press the key again to act on {landed.id[-6:]}."
+            )
+            view.moved = (gone.id, landed.id)  # as it was: each key is refused once
+        # A move of the cursor is a choice: nothing is refused after it.
+        there, back = ("down", "up") if table(app).cursor_row == 0 else ("up", "down")
+        await pilot.press(there)
+        await settle(pilot)
+        assert view.moved is None
+        await pilot.press(back)
+        await settle(pilot)
+        assert table(app).selected_execution == landed
+        view.moved = (gone.id, landed.id)
+        await pilot.press("c", "y")  # refused once…
+        await settle(pilot)
+        assert (await app.backend.get_execution(landed.id)).status == "waiting"
+        await pilot.press("c", "y")  # …then acts on the execution under the cursor, no surprise
+        await settle(pilot)
+        assert (await app.backend.get_execution(landed.id)).status == "cancelled"
+        assert len(notes.titled("Execution gone")) == 6 and view.moved is None

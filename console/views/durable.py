@@ -157,6 +157,16 @@ class DurableView(View):
         """Where the page after the one on screen begins (``None``: it is the oldest)."""
         self._pages: list[str | None] = [None]
         """The ``before`` of each page paged through, the one on screen last (``None``: the newest)."""
+        self.moved: tuple[str, str | None] | None = None
+        """The selected execution that left the list by itself (its status changed elsewhere
+        under a filter, newer ones pushed it off the page) and the one the cursor fell on
+        instead, until the operator moves the cursor or presses a key that acts (which then
+        acts on nothing, saying so): ``c`` ``y`` typed ahead cancelled an execution nobody
+        had picked, for good."""
+        self._acted: str | None = None
+        """The execution this console last acted on (its row going is no surprise)."""
+        self._shown_of: tuple[str, str | None] | None = None
+        """(filter, page) of the executions the table shows."""
 
     def compose(self) -> ComposeResult:
         yield Line("DURABLE", id="durable-title", classes="section")
@@ -199,7 +209,16 @@ class DurableView(View):
         console = self.console
         needle = console.filter_text.strip()
         shown = [e for e in self.executions if execution_matches(e, needle)]
+        current = (needle, self._pages[-1])
+        before = self.table.selected_execution if self._shown_of == current else None  # (another filter or page: no surprise)
         self.table.show(shown, console.display_zone, console.backend_now())
+        self._shown_of = current if self.loaded else None
+        landed = self.table.selected_execution
+        if before is not None and shown and before.id not in {e.id for e in shown} and before.id != self._acted:
+            self.moved = (before.id, landed.id if landed is not None else None)
+            elsewhere = f"; the cursor is on {landed.id[-6:]} now" if landed is not None else ""
+            self.notify(f"Execution {before.id[-6:]} is no longer shown: it changed elsewhere, or newer ones pushed it "
+                        f"off the page{elsewhere}.", title="Execution gone", severity="warning", markup=False)  # fmt: skip
         self._show_selected()
         counts = {status: sum(1 for e in shown if e.status == status) for status in ("running", "waiting", "failed")}
         title = f"DURABLE {len(shown)}" + ("+" if self.more and not needle else "")
@@ -243,6 +262,9 @@ class DurableView(View):
 
     @on(DataTable.RowHighlighted, "#durable-table")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        selected = self.table.selected_execution
+        if self.moved is not None and (selected.id if selected is not None else None) != self.moved[1]:
+            self.moved = None  # the operator moved the cursor: what it is on now is chosen
         self._show_selected()
 
     @on(DataTable.RowSelected, "#durable-table")
@@ -288,6 +310,14 @@ class DurableView(View):
         execution = self.table.selected_execution
         if execution is None:
             self.notify(f"{action}: no execution selected.", severity="warning")
+            return None
+        if self.moved is not None:
+            gone, _ = self.moved
+            self.moved = None
+            self.notify(f"{action}: not done. Execution {gone[-6:]} left the list and the cursor moved by itself. "
+                        f"Press the key again to act on {execution.id[-6:]}.", title="Execution gone", severity="warning",
+                        markup=False)  # fmt: skip
+            return None
         return execution
 
     def action_signal_execution(self) -> None:
@@ -311,6 +341,7 @@ class DurableView(View):
 
     @work(group="durable-action")
     async def _send(self, execution_id: str, name: str, payload: Any) -> None:
+        self._acted = execution_id
         try:
             sent = await self.console.backend.signal_execution(execution_id, name, payload)
         except SchedtuiError as exc:
@@ -339,6 +370,7 @@ class DurableView(View):
 
     @work(group="durable-action")
     async def _cancel(self, execution_id: str) -> None:
+        self._acted = execution_id
         try:
             execution = await self.console.backend.cancel_execution(execution_id)
         except SchedtuiError as exc:
@@ -361,6 +393,7 @@ class DurableView(View):
 
     @work(group="durable-action")
     async def _retry(self, execution_id: str) -> None:
+        self._acted = execution_id
         try:
             execution = await self.console.backend.retry_execution(execution_id)
         except SchedtuiError as exc:
