@@ -223,6 +223,31 @@ async def test_R_with_the_dead_filter_retries_every_dead_job_shown_typing_their_
         assert rows(view.query_one(QueuesTable))[2][2:4] == ["28", "0"]
 
 
+async def test_R_on_every_dead_job_shown_goes_on_past_one_retried_or_deleted_elsewhere_meanwhile(store_url: str) -> None:
+    """While the question was up, another operator retried one of the dead jobs (or
+    deleted one): y then retried none of the others, the batch ending at that job's "not
+    dead" with nothing said of the rest. Each job still dead is retried; those that no
+    longer are are counted, and left as they are."""
+    async with jobs_view(store_url) as (app, pilot, clock, notes, view):
+        await pilot.press("enter", "f", "f", "f")  # mailer's dead jobs
+        await settle(pilot)
+        dead = [j.id for j in view.jobs_table.jobs.values() if j.status == "dead"]
+        assert view.status == "dead" and len(dead) == 2
+        await pilot.press("R")
+        await settle(pilot)
+        assert isinstance(app.screen, Confirm)
+        await app.backend.retry_job("mailer", dead[0])  # elsewhere, while the question is up
+        await pilot.press("y")
+        await settle(pilot)
+        for job_id in dead:
+            detail = await app.backend.get_job(job_id)
+            assert detail.job is not None and detail.job.status == "queued", job_id
+        assert notes.titled("Retried") == ["mailer: 1 of 2 dead jobs queued again with fresh attempts"]
+        assert notes.titled("Retry") == ["mailer: 1 of the 2 dead jobs asked about were no longer dead (retried or "
+                                         "deleted elsewhere since): left as they are"]
+        assert not notes.titled("Not dead")
+
+
 async def test_x_deletes_after_asking_and_esc_keeps_the_job(store_url: str) -> None:
     async with jobs_view(store_url) as (app, pilot, clock, notes, view):
         await pilot.press("enter")

@@ -23,8 +23,8 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import DataTable
 
-from backend.errors import SchedtuiError
-from backend.jobs.model import Job, JobsPage, QueueView, Sent
+from backend.errors import NotFound, SchedtuiError
+from backend.jobs.model import Job, JobsPage, NotDead, QueueView, Sent
 from backend.observability.logs import RunLog
 from backend.safetext import in_line
 from console.keys import Key, action_key, bindings
@@ -338,10 +338,16 @@ class JobsView(View):
 
     @work(group="jobs-action")
     async def _retry(self, queue: str, ids: list[str]) -> None:
-        done = 0
+        done = moved = 0
         for job_id in ids:
             try:
                 await self.console.backend.retry_job(queue, job_id)
+            except (NotDead, NotFound) as exc:
+                if len(ids) == 1:
+                    self.console.report(exc)
+                    break
+                moved += 1  # (retried, deleted elsewhere since it was asked: the rest go on)
+                continue
             except SchedtuiError as exc:
                 self.console.report(exc)
                 break
@@ -349,6 +355,9 @@ class JobsView(View):
         if done:
             what = f"job {ids[0]}" if len(ids) == 1 else f"{done} of {len(ids)} dead jobs"
             self.notify(f"{queue}: {what} queued again with fresh attempts", title="Retried")
+        if moved:
+            self.notify(f"{queue}: {moved} of the {len(ids)} dead jobs asked about were no longer dead (retried or "
+                        f"deleted elsewhere since): left as they are", title="Retry", severity="warning")  # fmt: skip
         self.console.request_refresh()
 
     def action_delete_job(self) -> None:
