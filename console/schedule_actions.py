@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import defaultdict
+from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -172,13 +173,9 @@ class ScheduleActions(App[None]):
             return started_here[0] if started_here else None
         return running[0] if running else None
 
-    @work(group="backfill-open", exclusive=True)
-    async def _open_backfill(self, view: ScheduleView) -> None:
-        try:
-            running = await self._running_backfill(view.name)
-        except SchedtuiError as exc:
-            self.report(exc)
-            return
+    def _open_backfill(self, view: ScheduleView) -> None:
+        """The dialog at once (the keys typed next go to it), which then asks whether a
+        backfill of the schedule runs already, and shows that one if so."""
 
         def started(progress: BackfillProgress) -> None:
             self.backfills[progress.id] = progress
@@ -195,8 +192,11 @@ class ScheduleActions(App[None]):
             )
             self.request_refresh()
 
+        def look() -> Awaitable[BackfillProgress | None]:
+            return self._running_backfill(view.name)
+
         self.push_screen(
-            BackfillScreen(self.backend, view, self.backend_now, on_started=started, on_finished=finished, running=running)
+            BackfillScreen(self.backend, view, self.backend_now, on_started=started, on_finished=finished, look=look)
         )
 
     def action_stop_backfill(self) -> None:

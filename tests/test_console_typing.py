@@ -20,13 +20,14 @@ from textual.pilot import Pilot
 from textual.widgets import Button, Input
 
 import console as console_package
+from backend import ManualClock
 from console.app import SchedtuiApp
 from console.screens.backfill import BackfillScreen
 from console.screens.confirm import Confirm
 from console.screens.prompt import NotePrompt
 from console.screens.schedule_form import ScheduleForm
 from console.widgets.button import PressButton
-from tests.console_fixtures import ledger_copy
+from tests.console_fixtures import FROZEN, Held, console_backend, ledger_copy
 from tests.console_scenes import make_ledger
 from tests.test_console import console, select, settle
 from tests.test_console_schedule_form import schedules_view, stored
@@ -217,3 +218,29 @@ async def test_the_disable_note_typed_at_full_speed_is_kept(store_url: str) -> N
         view = app.view_of("heartbeat")
         assert view is not None and not view.enabled
         assert view.state_note is not None and view.state_note.note == "vendor outage"
+
+
+async def test_keys_typed_after_b_go_to_the_dialog_however_slow_the_server(store_url: str) -> None:
+    """b asked the server whether a backfill of the schedule ran before opening its dialog:
+    over a slow link the keys typed after it reached the view under it (esc, 3 for the
+    jobs), and the dialog opened late over whatever was on screen then. It opens at once;
+    the question is asked from within it."""
+    backend = Held(console_backend(store_url, ManualClock(FROZEN)), "running_backfills")
+    async with console(store_url, backend=backend) as (app, pilot, clock, notes):
+        await select(pilot, "heartbeat")
+        backend.go.clear()  # the server has not answered yet
+        await pilot.press("b")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, BackfillScreen) and screen.plan is None  # nothing planned before it answers
+        await pilot.press("escape", "3")  # the dialog closes; then the jobs view
+        await pilot.pause()
+        backend.go.set()
+        await settle(pilot)
+        assert len(app.screen_stack) == 1 and app.active_view_id == "jobs"
+        await pilot.press("1")
+        await settle(pilot)
+        await pilot.press("b")  # answered at once: the plan as ever
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, BackfillScreen) and screen.state == "confirm" and screen.plan is not None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Literal
 
@@ -167,6 +167,7 @@ class BackfillScreen(ModalScreen[None]):
         on_started: Callable[[BackfillProgress], None] | None = None,
         on_finished: Callable[[BackfillProgress], None] | None = None,
         running: BackfillProgress | None = None,
+        look: Callable[[], Awaitable[BackfillProgress | None]] | None = None,
     ) -> None:
         super().__init__()
         self.backend = backend
@@ -184,6 +185,11 @@ class BackfillScreen(ModalScreen[None]):
         self.on_finished = on_finished
         self.running = running
         """A backfill of the schedule that was running when the dialog opened: shown, not planned."""
+        self.look = look
+        """Asks whether a backfill of the schedule runs (anywhere), once the dialog is open:
+        until it answers nothing is planned, and if one runs it is shown instead. (Asked
+        before opening it, over a slow link the keys typed after ``b`` reached the view
+        under it, and the dialog opened late over whatever was on screen then.)"""
         self._polling = False
 
     def compose(self) -> ComposeResult:
@@ -217,13 +223,33 @@ class BackfillScreen(ModalScreen[None]):
                 yield PressButton("Backfill", id="start", variant="warning", disabled=True, compact=True)
 
     def on_mount(self) -> None:
-        if self.running is None:
+        if self.running is not None:
+            self._show_running(self.running)
+        elif self.look is not None:
+            self._show_plan(Content.styled("looking for a backfill of it that runs already…", "$text-muted"))
+            self._look(self.look)
+        else:
             self.replan()
-            return
+
+    def _show_running(self, running: BackfillProgress) -> None:
+        self.running = running
         self.state = "running"
-        self._show_progress(self.running)
+        self._show_progress(running)
         # Read again while it runs, for display (a timer: nothing here waits for its end).
         self.set_interval(POLL_SECONDS, self._tick, name="backfill progress")
+
+    @work(exclusive=True, group="look")
+    async def _look(self, look: Callable[[], Awaitable[BackfillProgress | None]]) -> None:
+        try:
+            running = await look()
+        except SchedtuiError as exc:
+            self.notify(exc.message, title=exc.title, severity="error", markup=False)
+            running = None
+        self.look = None
+        if running is not None:
+            self._show_running(running)
+        else:
+            self.replan()
 
     def _tick(self) -> None:
         if not self._polling:  # one read at a time: a slow server is not asked twice
@@ -289,8 +315,8 @@ class BackfillScreen(ModalScreen[None]):
 
     def replan(self) -> None:
         """Re-read the fields and ask the backend for the plan (nothing fires)."""
-        if self.state in ("running", "done"):
-            return
+        if self.state in ("running", "done") or self.look is not None:
+            return  # (still looking for a running one: planned once it answers)
         try:
             start, end = self._range()
         except BadInput as exc:
