@@ -23,7 +23,7 @@ from console.screens.confirm import Confirm
 from console.screens.durable import SignalPrompt, StepsScreen, step_rows
 from console.views import durable as durable_view
 from console.views.durable import DurableView, ExecutionsTable
-from tests.console_fixtures import FROZEN, add_timeline_history, build_ledger, ledger_copy
+from tests.console_fixtures import FROZEN, Held, add_timeline_history, build_ledger, console_backend, ledger_copy
 from tests.durable_scenes import add_durable_history
 from tests.test_console import console, settle
 
@@ -110,6 +110,36 @@ async def test_enter_opens_the_step_timeline_and_f_keeps_the_failed(store_url: s
         await settle(pilot)
         failed = app.screen.query_one(DataTable)
         assert [c if isinstance(c, str) else c.plain for c in failed.get_row_at(0)][1:4] == ["render", "step", "✗ failed"]
+
+
+async def test_keys_typed_after_enter_go_to_the_steps_however_slow_the_server(store_url: str) -> None:
+    """enter read the execution before opening its steps: over a slow link the keys typed
+    after it reached the view under it (c asked to cancel the execution), and the steps
+    opened late over that question. They open at once, read from within; a read that
+    fails closes them, said as every failed read is."""
+    backend = Held(console_backend(store_url, ManualClock(FROZEN)), "get_execution")
+    async with console(store_url, size=(120, 32), backend=backend) as (app, pilot, clock, notes):
+        await pilot.press("4")
+        await settle(pilot)
+        await on(pilot, app, "export", "waiting")
+        backend.go.clear()  # the server has not answered yet
+        await pilot.press("enter", "c")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, StepsScreen) and screen.query_one(DataTable).row_count == 0
+        assert "reading the steps" in str(screen.query_one("#steps-hint", Label).render())
+        backend.go.set()
+        await settle(pilot)
+        assert app.screen is screen and len(app.screen_stack) == 2  # no question under it: c went to the steps
+        assert screen.query_one(DataTable).row_count > 0 and "reading" not in str(screen.query_one("#steps-hint", Label).render())
+        await pilot.press("escape")
+        await settle(pilot)
+        assert len(app.screen_stack) == 1
+        # The read fails: the steps close, and the failure is said.
+        await backend.inner.close()
+        await pilot.press("enter")
+        await settle(pilot)
+        assert len(app.screen_stack) == 1 and notes.seen
 
 
 async def test_a_wait_a_year_away_says_its_year_and_an_older_execution_its_day(store_url: str) -> None:

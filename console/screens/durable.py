@@ -4,6 +4,7 @@ cancel asks with the console's one confirmation, :mod:`console.screens.confirm`)
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any  # noqa: F401 - used in a string annotation (ModalScreen["tuple[Any] | None"])
 
@@ -21,6 +22,7 @@ from backend.inputs import json_problem, parse_json
 from backend.safetext import in_line
 from console import format as fmt
 from console.widgets.bounded import BoundedInput
+from console.workers import work
 
 __all__ = ["SignalPrompt", "StepsScreen", "step_rows"]
 
@@ -89,12 +91,19 @@ class StepsScreen(ModalScreen[None]):
         Binding("escape,enter,q", "close", "Close", id="steps_close"),
     ]
 
-    def __init__(self, execution: Execution, zone: str, now: datetime) -> None:
+    def __init__(
+        self, execution: Execution, zone: str, now: datetime, *, read: Callable[[], Awaitable[Execution | None]] | None = None
+    ) -> None:
         super().__init__()
         self.execution = execution
         self.zone = zone
         self.now = now
         self.failed_only = False
+        self.read = read
+        """Reads the execution with its steps, once the screen is open (``None`` back: it
+        could not, and said why; the screen closes). Read before opening it, over a slow
+        link the keys typed after ``enter`` reached the view under it (``c`` asked to
+        cancel) and the steps opened late over whatever was on screen then."""
 
     def compose(self) -> ComposeResult:
         e = self.execution
@@ -126,10 +135,27 @@ class StepsScreen(ModalScreen[None]):
             table.add_column(label)
         self._fill()
         table.focus()
+        if self.read is not None:
+            self.query_one("#steps-hint", Label).update(Content("reading the steps… · esc closes"))
+            self._read(self.read)
+
+    @work(exclusive=True, group="steps-read")
+    async def _read(self, read: Callable[[], Awaitable[Execution | None]]) -> None:
+        execution = await read()
+        self.read = None
+        if execution is None:
+            if self.is_current:
+                self.dismiss(None)
+            return
+        self.execution = execution
+        self.query_one("#steps-head", Static).update(self._head())
+        self._fill()
 
     def _fill(self) -> None:
         table = self.query_one(DataTable)
         table.clear()
+        if self.read is not None:
+            return  # (the list's execution has no steps: they are being read)
         rows = step_rows(self.execution, self.zone, self.now, failed_only=self.failed_only)
         for row in rows:
             status = row[3]

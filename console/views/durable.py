@@ -283,14 +283,14 @@ class DurableView(View):
         if execution is None:
             self.notify("No execution selected.", severity="warning")
             return
-        self._open_steps(execution.id)
+        backend, execution_id = self.console.backend, execution.id
 
-    @work(group="durable-steps", exclusive=True)
-    async def _open_steps(self, execution_id: str) -> None:
-        went, execution = await self.attempt(self.console.backend.get_execution(execution_id))
-        if not went or execution is None:
-            return
-        self.app.push_screen(StepsScreen(execution, self.console.display_zone, self.console.backend_now()))
+        async def read() -> Execution | None:
+            _, detail = await self.attempt(backend.get_execution(execution_id))
+            return detail
+
+        # At once, read from within: the keys typed after enter go to it.
+        self.app.push_screen(StepsScreen(execution, self.console.display_zone, self.console.backend_now(), read=read))
 
     def action_execution_log(self) -> None:
         """``l``: the log of the execution under the cursor."""
