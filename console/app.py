@@ -109,7 +109,33 @@ def parse_keymap(text: str) -> dict[str, str]:
         if taken is not None and taken != binding_id:
             raise BadInput(f"SCHEDTUI_KEYMAP: {printable(key, 20)!r} is the key of {taken}; give {binding_id} another")
         keymap[binding_id] = key
+    _check_views(keymap)
     return keymap
+
+
+def _check_views(keymap: dict[str, str]) -> None:
+    """Refuse a key given to an id that another key of the same view has (the app's keys
+    count on every view), or that the view moves by: ``run_now=e`` made ``e`` fire the
+    selected schedule, the disable it was left without a key, without a word. The views
+    share keys between them (``x`` deletes a job, releases a lock)."""
+    for spec in VIEWS:
+        if spec.make is None:
+            continue
+        place: dict[str, str] = {}
+        for key in (*SchedtuiApp.KEYS, *spec.make.KEYS):
+            binding_id = key.binding_id
+            for pressed in [keymap[binding_id]] if binding_id in keymap else key.key.split(","):
+                other = place.setdefault(pressed, binding_id)
+                if other != binding_id and (binding_id in keymap or other in keymap):
+                    given, taken = (binding_id, other) if binding_id in keymap else (other, binding_id)
+                    raise BadInput(f"SCHEDTUI_KEYMAP: {printable(pressed, 20)!r} is the key of {taken} on the "
+                                   f"{spec.title} view; give {given} another")  # fmt: skip
+        for keys, what in NAVIGATION.get(spec.id, ()):
+            for pressed in keys:
+                moved = place.get(pressed)
+                if moved is not None and moved in keymap:
+                    raise BadInput(f"SCHEDTUI_KEYMAP: {printable(pressed, 20)!r} is the {spec.title} view's key: "
+                                   f"{what.split(' (')[0]}; give {moved} another")  # fmt: skip
 
 
 def _every_key() -> tuple[Key, ...]:

@@ -685,6 +685,9 @@ def test_short_where_and_keymap() -> None:
     assert short_where(ConnectionInfo("embedded", str(here), "single", "i", False)) == ".schedtui/state.db"
     assert short_where(ConnectionInfo("remote", "http://h:1", "single", "i", False)) == "http://h:1"
     assert parse_keymap("run_now=R, backfill=B;") == {"run_now": "R", "backfill": "B"}
+    # Views share keys between them, and two keys of one view may trade theirs.
+    assert parse_keymap("run_now=R,retry_job=r") == {"run_now": "R", "retry_job": "r"}
+    assert parse_keymap("run_now=e,toggle_enabled=r") == {"run_now": "e", "toggle_enabled": "r"}
 
 
 def test_the_header_names_the_store_without_a_home_or_a_working_folder(
@@ -723,6 +726,11 @@ def test_the_header_names_the_store_without_a_home_or_a_working_folder(
         ("bogus=x", "no key has the id 'bogus'"),
         ("run_now=", "'run_now=' is not ID=KEY"),
         ("run_now=R;bad", "'bad' is not ID=KEY"),
+        # A key of the same view: e fired the schedule, and the disable had no key left.
+        ("run_now=e", "'e' is the key of toggle_enabled on the Schedules view; give run_now another"),
+        ("delete_job=R", "'R' is the key of retry_job on the Jobs view; give delete_job another"),
+        ("toggle_zone=x", "'x' is the key of delete_job on the Jobs view; give toggle_zone another"),
+        ("run_now=j", "'j' is the Schedules view's key: move in the table; give run_now another"),
     ],
 )
 def test_a_keymap_that_would_take_a_key_or_name_nothing_is_refused(keymap: str, said: str) -> None:
