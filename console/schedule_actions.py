@@ -19,6 +19,7 @@ from backend.client.interface import Backend, ConnectionInfo
 from backend.clock import Clock
 from backend.errors import NotFound, SchedtuiError
 from backend.model import BackfillProgress, Run, ScheduleView, StateNote
+from backend.safetext import in_line
 from console import format as fmt
 from console.screens.backfill import BackfillScreen
 from console.screens.confirm import Confirm
@@ -102,7 +103,7 @@ class ScheduleActions(App[None]):
             self.report(exc)
             return
         glyph = fmt.STATUS_GLYPHS.get(final.status, "?")
-        detail = f" [{final.error_tag}] {final.error_message}" if final.error_tag else ""
+        detail = f" [{final.error_tag}] {in_line(final.error_message or '')}" if final.error_tag else ""  # (as the runs show it)
         self.notify(
             f"{name}: run {final.id} {glyph} {final.status} in {fmt.duration(final.duration_ms)}{detail}",
             title="Run finished",

@@ -8,6 +8,7 @@ sleeps: tests wait for the app's workers and for Pilot to settle.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import threading
 from collections.abc import AsyncIterator
@@ -235,6 +236,32 @@ async def test_r_runs_now_names_the_run_and_shows_it_in_the_timeline(store_url: 
         assert finished and newest.id in finished[0] and "succeeded" in finished[0]
         assert cell(app, "heartbeat", "last").startswith("✓ succeeded")
         assert cell(app, "heartbeat", "last").endswith("✎✓ 0s ago")  # the manual run, as such
+
+
+async def test_run_finished_shows_an_error_with_controls_as_its_escapes_as_the_runs_do(store_url: str) -> None:
+    """A handler's error with an escape sequence: the runs table shows it as its escapes,
+    the "Run finished" notification had it raw, which the last-resort filter cut to
+    'boom ]0;title' (what the handler wrote could not be told)."""
+
+    class Failing:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.read_only = inner.read_only
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        async def wait_run(self, run_id: str, *args: Any, **kwargs: Any) -> Any:
+            run = await self.inner.wait_run(run_id, *args, **kwargs)
+            return dataclasses.replace(run, status="failed", error_tag="RuntimeError", error_message="boom \x1b]0;title\x07")
+
+    clock = ManualClock(FROZEN)
+    async with console(store_url, backend=Failing(console_backend(store_url, clock)), clock=clock) as (app, pilot, clock, notes):
+        await select(pilot, "heartbeat")
+        await pilot.press("r")
+        await settle(pilot)
+        [finished] = notes.titled("Run finished")
+        assert finished.endswith("[RuntimeError] boom \\x1b]0;title\\x07") and "\x1b" not in finished
 
 
 async def test_a_long_note_is_said_cut_short_so_the_notification_fits_the_screen(store_url: str) -> None:
