@@ -210,14 +210,20 @@ class ScheduleActions(App[None]):
             self.notify(f"Stop backfill does nothing here: {self._read_only_reason()}.", title="Read-only",
                         severity="warning")  # fmt: skip
             return
-        self._stop_backfill(view)
+        self._stop_backfill(view, self.screen, len(self.screen_stack))
 
     @work(group="backfill-open", exclusive=True)
-    async def _stop_backfill(self, view: ScheduleView) -> None:
+    async def _stop_backfill(self, view: ScheduleView, screen: object, depth: int) -> None:
         try:
             progress = await self._running_backfill(view.name)
         except SchedtuiError as exc:
             self.report(exc)
+            return
+        if self.screen is not screen or len(self.screen_stack) != depth:
+            # Another screen came up meanwhile (a slow server): asked now, this question
+            # would land on top of it, where a y meant for its question would stop the backfill.
+            self.notify(f"Not asked: another screen opened before the server answered. Ask again to stop the backfill "
+                        f"of {view.name}.", title="Stop backfill", severity="warning", markup=False)  # fmt: skip
             return
         if progress is None:
             self.notify(f"No backfill of {view.name} is running.", title="Stop backfill", severity="warning")

@@ -22,8 +22,9 @@ from backend.client.remote import RemoteBackend
 from backend.store import open_store
 from console.app import SchedtuiApp
 from console.commands import ConsoleCommands
-from console.screens import BackfillScreen, Confirm, QuitPrompt
+from console.screens import BackfillScreen, Confirm, HelpScreen, QuitPrompt
 from console.widgets import ConsoleHeader
+from tests.console_fixtures import FROZEN, Held, console_backend
 from tests.servers import Server, start_server
 from tests.test_console import Notes, console, ledger, select, settle, store_url  # noqa: F401 - fixtures
 from tests.test_console_events import header_text, until
@@ -111,6 +112,45 @@ async def test_the_palette_stops_the_backfill_of_the_selected_schedule(store_url
         await pilot.pause()
         [stopped] = notes.titled("Backfill stopped")
         assert stopped.startswith("slow-reindex: 0 fired, 0 failed, 6 not fired (cancelled")
+        assert await app.backend.running_backfills("slow-reindex") == []
+        clock.advance(30)
+        await settle(pilot)
+
+
+async def test_stop_backfill_answered_after_another_question_came_up_asks_nothing(store_url: str) -> None:  # noqa: F811
+    """The palette's Stop backfill asks the server which backfill runs, then asks to stop
+    it. Over a slow link the operator meanwhile opened another question (x on a job): the
+    stop question came up on top of it, and the y meant for the job stopped the backfill.
+    Now it asks nothing once another screen has come up, and says so."""
+    clock = ManualClock(FROZEN)
+    backend = Held(console_backend(store_url, clock), "running_backfills")
+    async with console(store_url, backend=backend, clock=clock) as (app, pilot, clock, notes):
+        await start_backfill(pilot, "slow-reindex", "-1m")
+        await pilot.press("escape")
+        await pilot.pause()
+        [hit] = [hit async for hit in ConsoleCommands(app.screen).search("stop backfill")]
+        backend.go.clear()  # the server has not answered yet
+        await hit.command()
+        await pilot.pause()
+        await pilot.press("question_mark")  # another screen (a question, the help) comes up meanwhile
+        await pilot.pause()
+        help_screen = app.screen
+        assert isinstance(help_screen, HelpScreen)
+        backend.go.set()
+        await pilot.pause()
+        await pilot.pause()
+        assert app.screen is help_screen  # nothing on top of it to take its keys
+        assert notes.titled("Stop backfill") == ["Not asked: another screen opened before the server answered. "
+                                                 "Ask again to stop the backfill of slow-reindex."]
+        await pilot.press("escape")
+        await pilot.pause()
+        await hit.command()  # asked again, nothing in between: the question
+        await pilot.pause()
+        await pilot.pause()
+        assert isinstance(app.screen, Confirm) and app.screen.action == "cancel_backfill"
+        await pilot.press("y")
+        await pilot.pause()
+        await pilot.pause()
         assert await app.backend.running_backfills("slow-reindex") == []
         clock.advance(30)
         await settle(pilot)
