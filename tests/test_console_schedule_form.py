@@ -421,6 +421,50 @@ async def test_on_the_timeline_too_a_schedule_deleted_under_the_cursor_lets_no_k
         assert timeline.moved is None
 
 
+@pytest.mark.parametrize("view_key", ["1", "2"])
+async def test_a_schedule_that_leaves_the_filter_by_itself_lets_no_key_act_on_the_row_the_cursor_fell_on(
+    store_url: str, view_key: str
+) -> None:
+    """Under /disabled, the selected schedule enabled elsewhere (or, under /failed, its
+    next run succeeding) left the rows, and the cursor fell silently on another disabled
+    one: e, meant to enable the first, enabled that one. The Schedules view and the
+    timeline say so at once, and the next key that acts does nothing but say so; a
+    filter being typed is the operator's own doing and says nothing."""
+    async with schedules_view(store_url) as (app, pilot, notes, backend):
+        for name in ("heartbeat", "flaky-export"):
+            await backend.inner.set_enabled(name, False)
+        await pilot.press(view_key)
+        await settle(pilot)
+        app.filter_text = "disabled"
+        await settle(pilot)
+        app.action_select("flaky-export")
+        await settle(pilot)
+        assert app.selected_name == "flaky-export" and not notes.titled("Schedule left the filter")
+        await backend.inner.set_enabled("flaky-export", True)  # elsewhere
+        app.request_refresh()
+        await settle(pilot)
+        landed = app.selected_name
+        assert landed is not None and landed != "flaky-export"
+        assert notes.titled("Schedule left the filter") == [
+            f"flaky-export no longer matches the filter “disabled”; the cursor is on {landed} now."
+        ]
+        await pilot.press("e")
+        await settle(pilot)
+        assert len(app.screen_stack) == 1
+        assert notes.titled("Schedule left the filter")[-1] == (
+            f"Enable/disable: not done. flaky-export left the filter “disabled” and the cursor moved by itself. "
+            f"Press the key again to act on {landed}."
+        )
+        view = app.view_of(landed)
+        assert view is not None and not view.enabled  # not enabled by the e meant for flaky-export
+        # Typing another filter drops rows by the operator's own doing: nothing said.
+        app.filter_text = "heartbeat"
+        await settle(pilot)
+        app.filter_text = "nothing-matches"
+        await settle(pilot)
+        assert len(notes.titled("Schedule left the filter")) == 2
+
+
 async def test_schedules_in_code_can_only_be_enabled_or_disabled(store_url: str) -> None:
     async with schedules_view(store_url) as (app, pilot, notes, backend):
         app.action_select("heartbeat")

@@ -89,6 +89,11 @@ class SchedulesView(View):
         acts on nothing, saying so): a key pressed just then would act on another schedule."""
         self._deleting: str | None = None
         """The schedule this console is deleting (its row going is no surprise)."""
+        self.moved_why = "was deleted elsewhere"
+        """Why :attr:`moved`'s schedule left the table: deleted, or out of the filter."""
+        self._filter_shown: str | None = None
+        """The filter the table was last drawn with (a row that a filter being typed
+        leaves out is the operator's doing, no surprise)."""
 
     def compose(self) -> ComposeResult:
         console = self.console
@@ -124,8 +129,10 @@ class SchedulesView(View):
         gone, landed = self.moved
         self.moved = None
         again = f" Press the key again to act on {landed}." if landed is not None else ""
-        self.notify(f"{action}: not done. {gone} was deleted elsewhere and the cursor moved by itself.{again}",
-                    title="Schedule deleted", severity="warning", markup=False)  # fmt: skip
+        deleted = self.moved_why == "was deleted elsewhere"
+        self.notify(f"{action}: not done. {gone} {self.moved_why} and the cursor moved by itself.{again}",
+                    title="Schedule deleted" if deleted else "Schedule left the filter", severity="warning",
+                    markup=False)  # fmt: skip
         return False
 
     # -- data ---------------------------------------------------------------------------
@@ -166,11 +173,19 @@ class SchedulesView(View):
         self._title(len(visible), failing)
         self.call_after_refresh(self._title, len(visible), failing)  # hidden columns: once laid out
         landed = table.selected_name
-        if before is not None and landed != before and before != self._deleting and console.view_of(before) is None:
-            self.moved = (before, landed)
+        same_filter, self._filter_shown = self._filter_shown == console.filter_text, console.filter_text
+        if before is not None and landed != before and before != self._deleting:
             elsewhere = f"; the cursor is on {landed} now" if landed is not None else ""
-            self.notify(f"{before} is gone: it was deleted elsewhere{elsewhere}.", title="Schedule deleted",
-                        severity="warning", markup=False)  # fmt: skip
+            if console.view_of(before) is None:
+                self.moved, self.moved_why = (before, landed), "was deleted elsewhere"
+                self.notify(f"{before} is gone: it was deleted elsewhere{elsewhere}.", title="Schedule deleted",
+                            severity="warning", markup=False)  # fmt: skip
+            elif same_filter and console.filter_text.strip():
+                # Out of a filter by its own change (/failed: its next run succeeded), as
+                # surprising: the cursor fell on another schedule, which a key would act on.
+                self.moved, self.moved_why = (before, landed), f"left the filter “{console.filter_text.strip()}”"
+                self.notify(f"{before} no longer matches the filter “{console.filter_text.strip()}”{elsewhere}.",
+                            title="Schedule left the filter", severity="warning", markup=False)  # fmt: skip
         self._select(landed)
         view = console.view_of(self.selected_name)
         detail = self.query_one(DetailBar)

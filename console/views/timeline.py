@@ -82,6 +82,10 @@ class TimelineView(View):
         until the operator moves the cursor or presses a key that acts (which then acts on
         nothing, saying so), as on the Schedules view: ``r`` pressed just then fired the
         schedule under it, which nobody had picked."""
+        self.moved_why = "was deleted"
+        """Why :attr:`moved`'s schedule left the rows: deleted, or out of the filter."""
+        self._filter_shown: str | None = None
+        """The filter the rows were last drawn with."""
 
     def compose(self) -> ComposeResult:
         yield Line("TIMELINE", id="timeline-title", classes="section")
@@ -108,8 +112,9 @@ class TimelineView(View):
         gone, landed = self.moved
         self.moved = None
         again = f" Press the key again to act on {landed}." if landed is not None else ""
-        self.notify(f"{action}: not done. {gone} was deleted and the cursor moved by itself.{again}",
-                    title="Schedule deleted", severity="warning", markup=False)  # fmt: skip
+        self.notify(f"{action}: not done. {gone} {self.moved_why} and the cursor moved by itself.{again}",
+                    title="Schedule deleted" if self.moved_why == "was deleted" else "Schedule left the filter",
+                    severity="warning", markup=False)  # fmt: skip
         return False
 
     @property
@@ -174,11 +179,17 @@ class TimelineView(View):
         before = self.grid.selected_name
         self.grid.show(rows, self.runs, window, now, console.display_zone, limit=self.limit_per_name, overdue=overdue)
         landed = self.grid.selected_name
-        if before is not None and landed != before and console.view_of(before) is None:
-            self.moved = (before, landed)
+        same_filter, self._filter_shown = self._filter_shown == console.filter_text, console.filter_text
+        if before is not None and landed != before:
             elsewhere = f"; the cursor is on {landed} now" if landed is not None else ""
-            self.notify(f"{before} is gone: it was deleted{elsewhere}.", title="Schedule deleted",
-                        severity="warning", markup=False)  # fmt: skip
+            if console.view_of(before) is None:
+                self.moved, self.moved_why = (before, landed), "was deleted"
+                self.notify(f"{before} is gone: it was deleted{elsewhere}.", title="Schedule deleted",
+                            severity="warning", markup=False)  # fmt: skip
+            elif same_filter and console.filter_text.strip():
+                self.moved, self.moved_why = (before, landed), f"left the filter “{console.filter_text.strip()}”"
+                self.notify(f"{before} no longer matches the filter “{console.filter_text.strip()}”{elsewhere}.",
+                            title="Schedule left the filter", severity="warning", markup=False)  # fmt: skip
         self._title(window, len(rows), now)
         if self._stale(window):
             self.reload()
