@@ -38,11 +38,12 @@ from hypothesis import strategies as st
 from backend import BackfillProgress, Engine, InUse, ManualClock, NotFound, Refused, Run, ScheduleState, Unavailable
 from backend.durable import DurableContext, define_durable
 from backend.errors import NameTaken
-from backend.events.audit import AuditEntry
+from backend.events.audit import AuditEntry, AuditStore
 from backend.ids import IdFactory, id_floor
 from backend.jobs import JobContext, define_queue
 from backend.model import Claim, StoreHealth, Turn, slot_key
 from backend.observability.logs import LogTarget, StoredLog
+from backend.runtime.ownthread import in_own_thread
 from backend.store import Beat, Membership, Store, open_store
 from backend.store.postgres.store import PostgresStore
 from backend.store.sqlite.reserve import Reserve
@@ -193,6 +194,70 @@ async def test_close_commits_what_was_handed_in(new_store: Callable[[], Store]) 
     second = new_store()
     await second.open()
     assert await second.list_runs("job", limit=10) == runs[::-1]
+
+
+async def test_what_a_closing_store_is_handed_is_answered_and_kept_or_refused(
+    new_store: Callable[[], Store], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Run now's audit entry written while a stop closed the store (a loaded machine: the
+    write came late) waited for ever on the SQLite writer, which had already been told to
+    stop (seen as ``run_now(wait=True)`` hanging), and runs handed in then were neither
+    written nor kept nor logged. Whatever is handed in at any point of a close (a run, an
+    audit entry, a flush) is answered: taken and then in the store once it is reopened (or,
+    the last resort, logged as not written), or refused (:class:`Unavailable`)."""
+    caplog.set_level(logging.ERROR, "schedtui.store")
+    ids = Ids()
+    store = new_store()
+    await store.open()
+    assert isinstance(store, AuditStore)
+    taken: list[Run] = []
+    written: list[AuditEntry] = []
+    calls: list[asyncio.Future[Any]] = []
+
+    async def audit(entry: AuditEntry) -> None:
+        await store.append_audit(entry)
+        written.append(entry)
+
+    def hand_in() -> None:
+        """A run, an audit entry and a flush, handed in now."""
+        handed = run(ids(), scheduled_at=T0 + timedelta(seconds=len(calls)))
+        try:
+            store.save_runs([handed])
+        except Unavailable:
+            pass
+        else:
+            taken.append(handed)
+        calls.append(asyncio.ensure_future(audit(AuditEntry(ids(), T0, "me", "schedule.fire", "job", None))))
+        calls.append(asyncio.ensure_future(store.flush()))
+
+    if isinstance(store, SQLiteStore):
+        # And once each of the close's threads (the writer's end) is done, before the close
+        # goes on: on a loaded machine, calls come then too.
+        async def then_hand_in(fn: Callable[..., Any], *args: Any, name: str = "schedtui call") -> Any:
+            result = await in_own_thread(fn, *args, name=name)
+            hand_in()
+            await asyncio.sleep(0)  # (begun before the close goes on)
+            return result
+
+        monkeypatch.setattr("backend.store.sqlite.store.in_own_thread", then_hand_in)
+    closing = asyncio.ensure_future(store.close())
+    for _ in range(200):  # at every step of the close (a bound: the calls slow it down)
+        if closing.done():
+            break
+        hand_in()
+        await asyncio.sleep(0)
+    await closing
+    done, waiting = await asyncio.wait(calls, timeout=10)
+    for call in waiting:
+        call.cancel()
+    assert not waiting, f"{len(waiting)} of {len(calls)} calls made while the store closed were never answered"
+    assert all(call.exception() is None or isinstance(call.exception(), Unavailable) for call in done)
+    again = new_store()
+    await again.open()
+    assert isinstance(again, AuditStore)
+    logged = [json.loads(r.getMessage().split(": ", 1)[1])["id"] for r in caplog.records if "not written to the ledger: " in r.getMessage()]
+    assert {r.id for r in taken} <= {r.id for r in await again.list_runs("job", limit=10_000)} | set(logged)
+    assert {e.id for e in written} <= {e.id for e in await again.list_audit(limit=1000)}
 
 
 async def test_several_stores_open_at_once_on_a_fresh_location(new_store: Callable[[], Store]) -> None:

@@ -138,7 +138,7 @@ class SQLiteRuns:
         and not committed yet. Looked at before the ledger is read: a run committed in
         between is then in one or the other."""
         writer = self._writer
-        if writer is None or writer.crashed or not writer.waiting():
+        if writer is None or writer.crashed or writer.closing or not writer.waiting():
             return {}
         wanted = set(names)
         peek = _Peek(lambda _: writer.newest_waiting(wanted, until))  # on the writer's thread: it owns them

@@ -59,7 +59,6 @@ from backend.store.sqlite.sql import (
     MIGRATIONS,
 )
 from backend.store.sqlite.writer import (
-    _STOP,
     _WAKE,
     _connect,
     _connect_to_look,
@@ -168,7 +167,7 @@ class SQLiteStore(
         except BaseException:
             # Failed or cancelled: no thread of it outlives the open (a writer left waiting
             # would keep the process from exiting).
-            writer.jobs.put(_STOP)
+            writer.stop()
             if self._writer is writer:
                 self._writer = None
             if self._reader is not None:
@@ -302,7 +301,9 @@ class SQLiteStore(
                 await self._flush(self.close_patience)
             except Unavailable as exc:
                 log.error("closing the store with run(s) not written: %s", exc)
-            writer.jobs.put(_STOP)
+            # From here on a write, a flush or a run handed in is refused as to a closed
+            # store (the writer would never answer it), not queued behind the stop.
+            writer.stop()
             await in_own_thread(writer.join, name="schedtui store close")
             self._writer = None
             await in_own_thread(self._keep_unwritten, writer, name="schedtui store close")
@@ -458,7 +459,7 @@ class SQLiteStore(
 
     def _open_writer(self) -> _Writer:
         writer = self._writer
-        if writer is None:
+        if writer is None or writer.closing:
             raise self._not_open()
         if writer.crashed:
             raise store_unavailable(self.where, "the ledger writer of {store} stopped (see the log)")
@@ -512,7 +513,8 @@ class SQLiteStore(
 
     # -- runs -----------------------------------------------------------------------------
     def save_runs(self, runs: Sequence[Run]) -> None:
-        self._open_writer().hand_in(list(runs))
+        if not self._open_writer().hand_in(list(runs)):
+            raise self._not_open()
 
     async def flush(self) -> None:
         """Return once every run handed in before is committed. While they cannot be

@@ -178,6 +178,8 @@ class _Writer(threading.Thread):
         self.page_limit: int | None = None  # the test seam of SQLiteStore.limit_pages
         self.applied_limit: int | None = None
         self.crashed = False
+        self.closing = False
+        """Told to stop (:meth:`stop`): nothing handed in from then on would be taken."""
         self.marker: sqlite3.Connection | None = None
         """The connection :meth:`mark_now` writes on (from the event loop's thread)."""
         self.marker_lock = threading.Lock()
@@ -324,11 +326,22 @@ class _Writer(threading.Thread):
                 if self.queued[run_id] <= 0:
                     del self.queued[run_id]
 
-    def hand_in(self, runs: list[Run]) -> None:
-        """Any thread: queue ``runs`` (new runs or newer versions) for the writer."""
-        with self.lock:
+    def hand_in(self, runs: list[Run]) -> bool:
+        """Any thread: queue ``runs`` (new runs or newer versions) for the writer; False
+        (nothing queued) once it has been told to stop."""
+        with self.lock:  # (the put too: a stop() cannot come between the look and the put)
+            if self.closing:
+                return False
             self.queued.update(run.id for run in runs)
-        self.jobs.put(runs)
+            self.jobs.put(runs)
+        return True
+
+    def stop(self) -> None:
+        """End once everything handed in before is done. Nothing is taken from now on: the
+        writer would never answer it (a write waited for ever, a run was lost)."""
+        with self.lock:
+            self.closing = True
+            self.jobs.put(_STOP)
 
     def waiting(self) -> bool:
         """Whether runs were handed in and not committed yet (any thread; a run is queued
