@@ -26,6 +26,7 @@ from backend import (
 )
 from backend.model import Claim, ClaimResult, Run
 from backend.observability.capture import LOG_FORMAT
+from backend.runtime.ownthread import in_own_thread
 from backend.safetext import TerminalFormatter
 from backend.store import open_store
 from tests.conftest import all_runs, expect, fail_once
@@ -1392,6 +1393,43 @@ async def test_a_run_now_waited_for_returns_its_run_when_the_engine_stops_while_
     monkeypatch.setattr(engine, "flush", after_the_stop)
     gate.release.set()
     run = await waiting
+    assert (run.trigger, run.status) == ("manual", "succeeded")
+    await stopping
+
+
+async def test_a_run_now_waited_for_returns_when_its_audit_entry_comes_as_the_store_closes(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same quit on a loaded machine: the Run now's audit entry, written after its run
+    had started, reached the SQLite store once the stop had told its writer to end, and
+    waited for ever (``run_now(wait=True)`` never returned; seen under load). The order is
+    forced here: the entry's write comes once the writer has ended, before the close is over."""
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate)])
+    await engine.start()
+    writer_ended = asyncio.Event()
+
+    async def then(fn: Callable[..., Any], *args: Any, name: str = "schedtui call") -> Any:
+        result = await in_own_thread(fn, *args, name=name)
+        if getattr(fn, "__name__", None) == "join":  # the store's writer has ended
+            writer_ended.set()
+            for _ in range(3):  # (the entry's write goes first)
+                await asyncio.sleep(0)
+        return result
+
+    monkeypatch.setattr("backend.store.sqlite.store.in_own_thread", then)
+    append = engine.store.append_audit  # type: ignore[attr-defined]
+
+    async def late(entry: Any) -> None:
+        await writer_ended.wait()
+        await append(entry)
+
+    monkeypatch.setattr(engine.store, "append_audit", late)
+    waiting = asyncio.ensure_future(engine.run_now("job", wait=True))
+    await gate.entered.wait()
+    stopping = asyncio.ensure_future(engine.stop(grace=30))
+    gate.release.set()
+    run = await asyncio.wait_for(waiting, 10)  # (without the fix: for ever)
     assert (run.trigger, run.status) == ("manual", "succeeded")
     await stopping
 
