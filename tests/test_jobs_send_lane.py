@@ -126,6 +126,28 @@ async def test_a_pipelined_call_is_one_transaction_and_the_statement_after_it_ru
         await lane.close()
 
 
+async def test_a_reply_awaited_after_the_connection_was_let_go_is_in_doubt(pg_url: str) -> None:
+    """Sent, then its connection let go (the reader found it broken) before the reply was
+    awaited: the call fails LaneFailed (it may have committed: the caller takes it as in
+    doubt), not an AssertionError, which the sends took for "not sent" and sent their jobs
+    again (a job inserted twice, run twice)."""
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE lane_doubt (n int PRIMARY KEY)")
+
+    async def nothing(conn: psycopg.AsyncConnection[object]) -> None:
+        return None
+
+    lane = Lane(pg_url, "probe", {"add": "INSERT INTO lane_doubt VALUES (%s::int)"}, nothing)
+    try:
+        assert await lane.open()
+        reply = lane.start_many([("add", [b"1"])])
+        lane._broken(OSError("the connection broke (test)"))  # (what the reader does when it finds so)
+        with pytest.raises(LaneFailed):
+            await reply
+    finally:
+        await lane.close()
+
+
 async def test_sends_that_find_every_senders_connection_busy_go_together_and_each_gets_its_answers(
     store: PostgresStore,
 ) -> None:

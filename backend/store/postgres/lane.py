@@ -266,7 +266,11 @@ class Lane:
         """Flush what was sent, then wait for every result of it. Cancelled while waiting
         for the reply, the lane stays busy until the reader has read it to the end."""
         pgconn, loop, fd = self._pgconn, self._loop, self._fd
-        assert pgconn is not None and loop is not None
+        if pgconn is None or loop is None:
+            # Let go of since it was sent (the reader found it broken): what was sent may
+            # have committed. An assertion here was taken for "not sent", and a send was
+            # sent again: its jobs inserted twice.
+            raise LaneFailed("the connection was lost before its reply was read")
         try:
             while pgconn.flush():  # a short message leaves at once; a full socket buffer waits
                 writable: asyncio.Future[None] = loop.create_future()
