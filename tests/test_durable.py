@@ -1590,9 +1590,12 @@ class Held:
     def __init__(self, name: str, value: Any = None) -> None:
         self.name, self.value = name, value
         self.release = asyncio.Event()
+        self.called = asyncio.Event()
+        """Set once it was first called."""
 
     async def __call__(self) -> Any:
         CALLS[self.name] += 1
+        self.called.set()
         await self.release.wait()
         return self.value
 
@@ -2034,7 +2037,9 @@ async def test_an_at_most_once_step_a_task_group_cancelled_is_left_to_a_person(
     async def body(ctx: DurableContext, input: Any) -> Any:
         async with asyncio.TaskGroup() as group:
             charged = group.create_task(ctx.step("charge", charge, at_most_once=True))
-            await asyncio.sleep(0)  # (charge starts first)
+            # (charge called, so in flight as it fails, before broken starts: a sleep(0) let
+            # broken fail first on a loaded machine, while charge's mark was being written)
+            await charge.called.wait()
             mended = group.create_task(ctx.step("broken", broken, retry=False))
         return [charged.result(), mended.result()]
 
