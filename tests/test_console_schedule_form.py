@@ -346,7 +346,7 @@ async def test_a_schedule_deleted_elsewhere_under_the_cursor_lets_no_key_act_on_
                 f"{action}: not done. reap-sessions was deleted elsewhere and the cursor moved by itself. "
                 f"Press the key again to act on {landed}."
             )
-            app.query_one(SchedulesView).moved = ("reap-sessions", landed)  # as it was: each key is refused once
+            app.query_one(SchedulesView).left.moved = ("reap-sessions", landed)  # as it was: each key is refused once
         assert len((await backend.list_runs(landed)).runs) == runs_before and backend.calls == []
         await pilot.press("e")  # refused once…
         await settle(pilot)
@@ -368,13 +368,13 @@ async def test_a_schedule_deleted_elsewhere_under_the_cursor_lets_no_key_act_on_
         await settle(pilot)
         await pilot.press("j")
         await settle(pilot)
-        assert app.query_one(SchedulesView).moved is None
+        assert app.query_one(SchedulesView).left.moved is None
         # A schedule this console deletes is no surprise: no warning.
         await stored(app, pilot, "mine")
         await pilot.press("D", "y")
         await settle(pilot)
         assert notes.titled("Schedule deleted")[-1].startswith("other is gone")
-        assert app.query_one(SchedulesView).moved is None
+        assert app.query_one(SchedulesView).left.moved is None
 
 
 async def test_on_the_timeline_too_a_schedule_deleted_under_the_cursor_lets_no_key_act_on_the_row_it_fell_on(
@@ -404,7 +404,7 @@ async def test_on_the_timeline_too_a_schedule_deleted_under_the_cursor_lets_no_k
                 f"{action}: not done. reap-sessions was deleted and the cursor moved by itself. "
                 f"Press the key again to act on {landed}."
             )
-            timeline.moved = ("reap-sessions", landed)  # as it was: each key is refused once
+            timeline.left.moved = ("reap-sessions", landed)  # as it was: each key is refused once
         assert len((await backend.list_runs(landed)).runs) == runs_before
         await pilot.press("r")  # refused once…
         await settle(pilot)
@@ -418,7 +418,7 @@ async def test_on_the_timeline_too_a_schedule_deleted_under_the_cursor_lets_no_k
         await settle(pilot)
         await pilot.press("k")
         await settle(pilot)
-        assert timeline.moved is None
+        assert timeline.left.moved is None
 
 
 @pytest.mark.parametrize("view_key", ["1", "2"])

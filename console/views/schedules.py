@@ -30,6 +30,7 @@ from console.screens.confirm import Confirm
 from console.screens.log import LogScreen
 from console.screens.schedule_form import DEFINED_IN_CODE, ScheduleForm, defined_in_code, stored_fields
 from console.views.base import SCHEDULE_KEYS, View, details_key, filter_key
+from console.views.selection import SelectionLeft
 from console.widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
 from console.widgets.line import Line
 from console.workers import work
@@ -83,17 +84,10 @@ class SchedulesView(View):
         """The newest page of the selected schedule (the strip and the durations)."""
         self._pages: list[str | None] = [None]
         self._detail: tuple[str, RunsPage, RunsPage, list[datetime]] | None = None
-        self.moved: tuple[str, str | None] | None = None
-        """The selected schedule that was deleted elsewhere, and the one the cursor fell on
-        instead, until the operator moves the cursor or presses a key that acts (which then
-        acts on nothing, saying so): a key pressed just then would act on another schedule."""
+        self.left = SelectionLeft(self.notify, "was deleted elsewhere")
+        """The selected schedule gone from under the cursor by itself (see its module)."""
         self._deleting: str | None = None
         """The schedule this console is deleting (its row going is no surprise)."""
-        self.moved_why = "was deleted elsewhere"
-        """Why :attr:`moved`'s schedule left the table: deleted, or out of the filter."""
-        self._filter_shown: str | None = None
-        """The filter the table was last drawn with (a row that a filter being typed
-        leaves out is the operator's doing, no surprise)."""
 
     def compose(self) -> ComposeResult:
         console = self.console
@@ -119,21 +113,12 @@ class SchedulesView(View):
         if name not in table.views:
             return False
         table.move_cursor(row=table.get_row_index(name), animate=False, scroll=True)
-        self.moved = None
+        self.left.moved = None
         self._select(name)
         return True
 
     def selection_holds(self, action: str) -> bool:
-        if self.moved is None:
-            return True
-        gone, landed = self.moved
-        self.moved = None
-        again = f" Press the key again to act on {landed}." if landed is not None else ""
-        deleted = self.moved_why == "was deleted elsewhere"
-        self.notify(f"{action}: not done. {gone} {self.moved_why} and the cursor moved by itself.{again}",
-                    title="Schedule deleted" if deleted else "Schedule left the filter", severity="warning",
-                    markup=False)  # fmt: skip
-        return False
+        return self.left.holds(action)
 
     # -- data ---------------------------------------------------------------------------
     async def load(self) -> None:
@@ -173,19 +158,9 @@ class SchedulesView(View):
         self._title(len(visible), failing)
         self.call_after_refresh(self._title, len(visible), failing)  # hidden columns: once laid out
         landed = table.selected_name
-        same_filter, self._filter_shown = self._filter_shown == console.filter_text, console.filter_text
-        if before is not None and landed != before and before != self._deleting:
-            elsewhere = f"; the cursor is on {landed} now" if landed is not None else ""
-            if console.view_of(before) is None:
-                self.moved, self.moved_why = (before, landed), "was deleted elsewhere"
-                self.notify(f"{before} is gone: it was deleted elsewhere{elsewhere}.", title="Schedule deleted",
-                            severity="warning", markup=False)  # fmt: skip
-            elif same_filter and console.filter_text.strip():
-                # Out of a filter by its own change (/failed: its next run succeeded), as
-                # surprising: the cursor fell on another schedule, which a key would act on.
-                self.moved, self.moved_why = (before, landed), f"left the filter “{console.filter_text.strip()}”"
-                self.notify(f"{before} no longer matches the filter “{console.filter_text.strip()}”{elsewhere}.",
-                            title="Schedule left the filter", severity="warning", markup=False)  # fmt: skip
+        self.left.redrawn(None if before == self._deleting else before, landed,
+                          exists=before is not None and console.view_of(before) is not None,
+                          filter_text=console.filter_text)  # fmt: skip
         self._select(landed)
         view = console.view_of(self.selected_name)
         detail = self.query_one(DetailBar)
@@ -272,8 +247,7 @@ class SchedulesView(View):
     @on(DataTable.RowHighlighted, "#schedules")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
         name = getattr(event.row_key, "value", None)  # (no row: a key moved in an empty table)
-        if self.moved is not None and name != self.moved[1]:
-            self.moved = None  # the operator moved the cursor: what it is on now is chosen
+        self.left.chosen(name)
         self._select(name)
 
     @on(DataTable.RowSelected)

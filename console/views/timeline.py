@@ -15,6 +15,7 @@ from console.fleet import Overdue
 from console.keys import Key, bindings
 from console.timeline import DEFAULT_ZOOM, ZOOMS, Window, kind_of, zoom_label
 from console.views.base import SCHEDULE_KEYS, View, details_key, filter_key
+from console.views.selection import SelectionLeft
 from console.widgets import TimelineGrid
 from console.widgets.line import Line
 from console.widgets.palette import KIND_MEANINGS
@@ -77,15 +78,9 @@ class TimelineView(View):
         self.runs: dict[str, list[Run]] = {}
         """Runs loaded, per schedule, for :attr:`loaded_for`."""
         self.loaded_for: tuple[Window, frozenset[str]] | None = None
-        self.moved: tuple[str, str | None] | None = None
-        """The selected schedule that was deleted, and the row the cursor fell on instead,
-        until the operator moves the cursor or presses a key that acts (which then acts on
-        nothing, saying so), as on the Schedules view: ``r`` pressed just then fired the
-        schedule under it, which nobody had picked."""
-        self.moved_why = "was deleted"
-        """Why :attr:`moved`'s schedule left the rows: deleted, or out of the filter."""
-        self._filter_shown: str | None = None
-        """The filter the rows were last drawn with."""
+        self.left = SelectionLeft(self.notify, "was deleted")
+        """The selected schedule gone from under the cursor by itself, as on the Schedules
+        view (see its module): ``r`` pressed just then fired another schedule."""
 
     def compose(self) -> ComposeResult:
         yield Line("TIMELINE", id="timeline-title", classes="section")
@@ -103,19 +98,11 @@ class TimelineView(View):
         return self.grid.selected_name
 
     def select(self, name: str) -> bool:
-        self.moved = None
+        self.left.moved = None
         return self.grid.select_name(name)
 
     def selection_holds(self, action: str) -> bool:
-        if self.moved is None:
-            return True
-        gone, landed = self.moved
-        self.moved = None
-        again = f" Press the key again to act on {landed}." if landed is not None else ""
-        self.notify(f"{action}: not done. {gone} {self.moved_why} and the cursor moved by itself.{again}",
-                    title="Schedule deleted" if self.moved_why == "was deleted" else "Schedule left the filter",
-                    severity="warning", markup=False)  # fmt: skip
-        return False
+        return self.left.holds(action)
 
     @property
     def limit_per_name(self) -> int:
@@ -179,17 +166,8 @@ class TimelineView(View):
         before = self.grid.selected_name
         self.grid.show(rows, self.runs, window, now, console.display_zone, limit=self.limit_per_name, overdue=overdue)
         landed = self.grid.selected_name
-        same_filter, self._filter_shown = self._filter_shown == console.filter_text, console.filter_text
-        if before is not None and landed != before:
-            elsewhere = f"; the cursor is on {landed} now" if landed is not None else ""
-            if console.view_of(before) is None:
-                self.moved, self.moved_why = (before, landed), "was deleted"
-                self.notify(f"{before} is gone: it was deleted{elsewhere}.", title="Schedule deleted",
-                            severity="warning", markup=False)  # fmt: skip
-            elif same_filter and console.filter_text.strip():
-                self.moved, self.moved_why = (before, landed), f"left the filter “{console.filter_text.strip()}”"
-                self.notify(f"{before} no longer matches the filter “{console.filter_text.strip()}”{elsewhere}.",
-                            title="Schedule left the filter", severity="warning", markup=False)  # fmt: skip
+        self.left.redrawn(before, landed, exists=before is not None and console.view_of(before) is not None,
+                          filter_text=console.filter_text)  # fmt: skip
         self._title(window, len(rows), now)
         if self._stale(window):
             self.reload()
@@ -217,8 +195,7 @@ class TimelineView(View):
 
     @on(TimelineGrid.CursorMoved)
     def _cursor_moved(self) -> None:
-        if self.moved is not None and self.grid.selected_name != self.moved[1]:
-            self.moved = None  # the operator moved the cursor: what it is on now is chosen
+        self.left.chosen(self.grid.selected_name)
         self._info()
         if self.grid.window is not None and self._stale(self.grid.window):
             self.reload()
