@@ -171,6 +171,43 @@ async def test_it_polls_only_while_the_stream_is_down_and_says_so(store_url: str
         assert reads.count > before + 1 and "◌ event stream dropped (polling)" in header_text(app)
 
 
+async def test_a_dropped_stream_whose_polls_go_unanswered_is_not_called_calm(store_url: str) -> None:
+    """A frozen server's stream is given up after its silence; the polls that take over
+    hang as well. The header said "event stream dropped (polling) 25s ago" for as long as
+    the polls took to fail (about 40 s), which reads as if the data were current: once a
+    poll is late it says the server is waited for, as it does without a stream."""
+    from tests.console_fixtures import console_backend
+
+    clock = ManualClock("2026-03-02T08:00:05Z")
+    backend = Switchable(console_backend(store_url, clock))
+    backend.up = True
+    async with console(store_url, backend=backend, clock=clock, refresh_interval=2) as (app, pilot, _, notes):
+        await until(pilot, lambda: app.link.events_live)
+        await settle(pilot)
+        answer = asyncio.Event()
+        listing = backend.inner.list_schedules
+
+        async def hanging() -> Any:
+            await answer.wait()  # a frozen server: the request hangs
+            return await listing()
+
+        backend.inner.list_schedules = hanging
+        backend.up = False
+        backend.broken.set()
+        await until(pilot, lambda: not app.link.events_live)
+        await pilot.pause()
+        assert "◌ event stream dropped (polling)" in header_text(app)
+        clock.advance(8)  # past the refresh interval and the 5 s a poll is given
+        app.tick()
+        await pilot.pause()
+        shown = header_text(app)
+        assert "◌ waiting for the server (stream dropped) last answer 8s ago" in shown, shown
+        assert "event stream dropped (polling)" not in shown
+        answer.set()  # it answers again
+        await settle(pilot)
+        assert "◌ event stream dropped (polling)" in header_text(app)
+
+
 # ---------------------------------------------------------------------------------------
 # remote: the server's event stream
 # ---------------------------------------------------------------------------------------

@@ -157,6 +157,12 @@ class ConsoleHeader(Widget):
         count = f"[$text-success]▲ {len(fleet.firing)} firing[/]"
         return (f"{count} [$text-muted]{escape(shown)}[/]" if names else count) + down
 
+    def _polls_late(self) -> bool:
+        """Whether the last good refresh is older than a poll is given to answer."""
+        if self.late_after is None or self.last_ok is None or self.now is None:
+            return False
+        return self.now - self.last_ok > self.late_after
+
     def _connection(self, *, feed: bool = True, short: bool = False, retry: bool = True) -> str:
         """The connection's state; ``feed``: whether a live one says how it stays fresh;
         ``short``: a lost one in its short words; ``retry``: whether a lost one says when it
@@ -185,6 +191,8 @@ class ConsoleHeader(Widget):
             what = "token refused" if self.token_sent else "no token sent"
             return f"[b reverse $text-error] ✗ {what} [/] restart with --token-file PATH or $SCHEDTUI_TOKEN"
         if self.state == "dropped":
+            if self._polls_late():  # the polls go unanswered too (a frozen server): not calm
+                return f"[b $text-warning]◌ waiting for the server[/] [$text-muted](stream dropped) last answer {age}[/]"
             return f"[b $text-warning]◌ event stream dropped[/] [$text-muted](polling) {age or 'checking the server…'}[/]"
         if self.paused:
             return f"[b $text-warning]⏸ paused[/] [$text-muted]data {age}[/]"
@@ -194,9 +202,8 @@ class ConsoleHeader(Widget):
                 return f"[b $text-warning]◌ waiting for the server[/] [$text-muted](events silent {quiet})[/]"
             # signals keep it current: no age
             return "[$text-success]● live[/]" + (" [$text-muted](events)[/]" if feed else "")
-        if self.late_after is not None and self.last_ok is not None and self.now is not None:
-            if self.now - self.last_ok > self.late_after:  # polls go unanswered: not live, whatever it was
-                return f"[b $text-warning]◌ waiting for the server[/] [$text-muted](polling) last answer {age}[/]"
+        if self._polls_late():  # polls go unanswered: not live, whatever it was
+            return f"[b $text-warning]◌ waiting for the server[/] [$text-muted](polling) last answer {age}[/]"
         return f"[$text-success]● live[/] [$text-muted]{'(polling) ' if feed else ''}{age}[/]"
 
 
