@@ -5,6 +5,7 @@ console use) on what it sends and what it reads, against real HTTP servers."""
 from __future__ import annotations
 
 import socket
+import struct
 import textwrap
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -12,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from backend import Engine, ManualClock, RunContext, connect, connect_sync, define_schedule
@@ -425,6 +427,59 @@ async def test_what_was_wrong_with_an_answer_is_named(info: Mapping[str, Any], p
     assert caught.value.message == (
         f"{url} answered GET /inspect/info with JSON schedtui cannot read ({problem}); is it a schedtui server?"
     )
+
+
+async def test_a_read_the_server_let_time_out_is_not_sent_again_but_one_reset_is() -> None:
+    """A frozen server (SIGSTOP) accepts connections and answers nothing: each read waited
+    its 10 s timeout four times over (its three retries), so a command line hung 42 s and
+    the console's header stayed calm as long. A timed-out read now fails at once; a server
+    that resets the connection (going away and back) is still asked again."""
+    held: list[socket.socket] = []
+    resets = 2
+    listener = socket.create_server(("127.0.0.1", 0))
+    reset_first = threading.Event()
+
+    def serves() -> None:  # holds every request unanswered, or resets the first ones
+        nonlocal resets
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            if reset_first.is_set() and resets:
+                resets -= 1
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()  # (RST: the client's read fails at once)
+                continue
+            held.append(conn)
+
+    class Counting(httpx.AsyncHTTPTransport):
+        sent = 0
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            Counting.sent += 1
+            return await super().handle_async_request(request)
+
+    thread = threading.Thread(target=serves, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    backend = RemoteBackend(url, timeout=0.2, read_retries=(0.0, 0.0, 0.0), transport=Counting())
+    try:
+        with pytest.raises(Unavailable, match="did not answer in time"):
+            await backend.get_run("01JD3Z6Q0V9W4C7PAXH3KJ1M2B")
+        assert Counting.sent == 1  # (four before: the request and its three retries)
+        reset_first.set()
+        with pytest.raises(Unavailable, match="did not answer in time"):
+            await backend.get_run("01JD3Z6Q0V9W4C7PAXH3KJ1M2B")
+        assert Counting.sent == 4 and resets == 0  # reset twice, asked again each time
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        for conn in held:
+            conn.close()
+        await backend.close()
+        thread.join(5)
 
 
 async def test_an_action_whose_answer_never_came_says_it_may_have_been_done() -> None:

@@ -109,7 +109,12 @@ class RemoteBackend(Backend):
             except (httpx.TransportError, TimeoutError) as exc:
                 unsent = isinstance(exc, _NOT_SENT)
                 doubt = doubt or (changes and not unsent)
-                if attempt < len(delays) and (unsent or retry):
+                # A server that let the timeout pass (frozen, or a host that drops packets)
+                # is not asked again: three more waits of 10 s held a command line 42 s, and
+                # the console's header calm for as long. The retries are for a server going
+                # away and back (refused, reset: these fail at once).
+                timed_out = isinstance(exc, (httpx.TimeoutException, TimeoutError))
+                if attempt < len(delays) and (unsent or retry) and not timed_out:
                     await asyncio.sleep(delays[attempt])
                     attempt += 1
                     continue
