@@ -366,7 +366,7 @@ class SchedtuiApp(Reading, ScheduleActions, Keyboard):
             self._start_events()
         if self._refreshing:
             return
-        if self.refresh_signalled():
+        if self.refresh_signalled() or self.probe_silence(now):
             return
         due = self.link.due(paused=self.paused)
         if due == "refresh":

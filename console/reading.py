@@ -26,6 +26,7 @@ from console.fleet import Fleet, fleet_of
 from console.heap import Collector, freeze_heap
 from console.link import Link
 from console.widgets import ConsoleHeader, FleetBanner
+from console.widgets.header import EVENTS_LATE
 from console.workers import work
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ class Reading(App[None]):
     _refreshed_at: datetime | None
     _signalled: bool
     _events_task: asyncio.Task[None] | None
+    _probed_silence: datetime | None
 
     def _init_reading(self) -> None:
         self.instances = None
@@ -98,6 +100,8 @@ class Reading(App[None]):
         self._signalled = False
         """Signals arrived that a refresh held back by the view's ``signalled_every`` owes."""
         self._events_task = None
+        self._probed_silence = None
+        """The last signal after whose silence the server was asked whether it is there."""
 
     if TYPE_CHECKING:  # the app's
 
@@ -305,6 +309,20 @@ class Reading(App[None]):
             self.request_refresh()
             return True
         return False
+
+    def probe_silence(self, now: datetime) -> bool:
+        """Read the store once when the event stream has been silent past
+        :data:`~console.widgets.header.EVENTS_LATE` (the app's tick asks); whether it did.
+        A frozen server keeps the stream open saying nothing, and the stream is given up
+        only after 40 s: the read's timeout (10 s) says it is lost at about 30 s, not 50."""
+        last = self.query_one(ConsoleHeader).last_signal
+        if not self.link.events_live or last is None or now - last <= EVENTS_LATE or self._probed_silence == last:
+            return False
+        if self.paused or self.info is None:
+            return False
+        self._probed_silence = last
+        self.request_refresh()
+        return True
 
     def _set_feed(self, events: bool) -> None:
         if not self.link.set_feed(events):

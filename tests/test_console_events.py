@@ -171,6 +171,42 @@ async def test_it_polls_only_while_the_stream_is_down_and_says_so(store_url: str
         assert reads.count > before + 1 and "◌ event stream dropped (polling)" in header_text(app)
 
 
+async def test_a_stream_silent_past_its_pings_makes_the_console_ask_the_server_once(store_url: str) -> None:
+    """A frozen server keeps its stream open saying nothing; the stream is given up only
+    after 40 s, and nothing was read meanwhile, so a frozen server showed as lost only once
+    the polls after that had timed out. Once the stream is silent past its pings (20 s) the
+    store is read once (a frozen server's read times out: lost at about 30 s); not again
+    until a signal comes and silence follows it again."""
+    from tests.console_fixtures import console_backend
+
+    clock = ManualClock("2026-03-02T08:00:05Z")
+    backend = Switchable(console_backend(store_url, clock))
+    backend.up = True
+    async with console(store_url, backend=backend, clock=clock) as (app, pilot, _, notes):
+        await until(pilot, lambda: app.link.events_live)
+        await settle(pilot)
+        app.on_signals([])  # a ping
+        await settle(pilot)
+        reads = Reads(backend.inner)
+        for _ in range(19):  # silent within its pings' allowance: nothing read
+            clock.advance(1)
+            app.tick()
+            await settle(pilot)
+        assert reads.count == 0
+        for _ in range(15):
+            clock.advance(1)
+            app.tick()
+            await settle(pilot)
+        assert reads.count == 1  # asked once, at 20 s
+        app.on_signals([])  # the server is there after all
+        await settle(pilot)
+        for _ in range(21):
+            clock.advance(1)
+            app.tick()
+            await settle(pilot)
+        assert reads.count == 2  # asked again after the next silence
+
+
 async def test_a_dropped_stream_whose_polls_go_unanswered_is_not_called_calm(store_url: str) -> None:
     """A frozen server's stream is given up after its silence; the polls that take over
     hang as well. The header said "event stream dropped (polling) 25s ago" for as long as
