@@ -15,6 +15,8 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -29,7 +31,15 @@ from backend import DefinitionError, Engine, ManualClock, RunContext, define_dur
 from backend.alerts import conditions
 from backend.alerts.evaluator import Evaluator
 from backend.alerts.model import Alert, AlertsPage, AlertState, Condition, ordered
-from backend.alerts.notifier import CLAIM_BATCH, AlertSettings, Notifier, parse_sinks, sink_of
+from backend.alerts.notifier import (
+    CLAIM_BATCH,
+    RETRY_AFTER_MAX,
+    AlertSettings,
+    Notifier,
+    parse_sinks,
+    retry_after,
+    sink_of,
+)
 from backend.alerts.policy import DurableAlerting, QueueAlerting, ScheduleAlerting
 from backend.alerts.rules import period, prometheus_rules, render_rules
 from backend.alerts.store import AlertStore, DeadJobs, SlotRun, StuckCandidate, Success, Transition
@@ -445,6 +455,111 @@ async def test_retention_drops_old_resolved_alerts_and_finished_deliveries(store
     assert await alerts.prune_alerts(later - timedelta(days=7)) > 0
     assert [a.key for a in await alerts.list_alerts(resolved_after=T0 - timedelta(days=1))] == ["late:kept"]
     assert await alerts.claim_deliveries(["known", "orphan"], "i1", later, later + timedelta(minutes=1), 10) == []
+
+
+# ---------------------------------------------------------------------------------------
+# a receiver's Retry-After (a real local HTTP server, both stores, two instances)
+# ---------------------------------------------------------------------------------------
+class Limited:
+    """A real HTTP receiver on 127.0.0.1: its first POST answered ``status`` with
+    ``Retry-After: retry_after``, the next ones 202; it records when (on the test's clock)
+    each came."""
+
+    def __init__(self, clock: ManualClock, status: int, retry_after: str) -> None:
+        self.clock, self.status, self.retry_after = clock, status, retry_after
+        self.posts: list[datetime] = []
+        limited = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+                self.rfile.read(int(self.headers["content-length"]))
+                limited.posts.append(limited.clock.now())
+                self.send_response(limited.status if len(limited.posts) == 1 else 202)
+                if len(limited.posts) == 1:
+                    self.send_header("retry-after", limited.retry_after)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/limited"
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), name="limited receiver", daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("status", "asked", "waited"),
+    [
+        (429, "120", 120.0),  # seconds
+        (503, "120", 120.0),
+        (429, "date:+120", 120.0),  # an HTTP date, 120 s after the answer
+        (429, "99999999", RETRY_AFTER_MAX.total_seconds()),  # capped
+        pytest.param(429, "9" * 400, RETRY_AFTER_MAX.total_seconds(), id="429-400 digits"),
+        (429, "2", 5.0),  # shorter than the backoff: the backoff
+        (429, "-30", 5.0),  # nonsense: the backoff
+        (429, "in a minute", 5.0),
+        (429, "date:-600", 5.0),  # a past date
+        (500, "120", 5.0),  # (only a 429's or a 503's is honoured)
+    ],
+)
+async def test_a_receivers_retry_after_holds_every_instance_back_until_then(
+    store: Store, status: int, asked: str, waited: float
+) -> None:
+    """A receiver answering 429 (PagerDuty's rate limit) or 503 with ``Retry-After`` was
+    sent the POST again after the fixed backoff (5 s), before the time it asked for. The
+    wait it asks for (at most an hour; nonsense ignored) is now the outbox row's due time,
+    never sooner than the backoff: neither this instance nor another claims it earlier,
+    and it is sent once it is due."""
+    clock = ManualClock(T0)
+    if asked.startswith("date:"):
+        asked = format_datetime(T0 + timedelta(seconds=int(asked[5:])), usegmt=True)
+    receiver = Limited(clock, status, asked)
+    ids = IdFactory(clock.now)
+    settings = AlertSettings(sinks=(receiver.url,), backoff=5.0, attempts=5)
+    notifiers = [
+        Notifier(store=cast(AlertStore, store), clock=clock, loops=Loops(clock), instance=name,
+                 sinks=parse_sinks([receiver.url]), settings=settings,
+                 audit=AuditLog(store=store, clock=clock, new_id=ids, events=EventBus(), actor=name))
+        for name in ("a", "b")
+    ]  # fmt: skip
+    try:
+        for notifier in notifiers:
+            await notifier.register(clock.now())
+        await cast(AlertStore, store).write_transitions([transition("failing:s", "firing", T0, ids())],
+                                                        sinks_after=T0 - timedelta(days=1))  # fmt: skip
+        assert await notifiers[0].deliver_due() == 1 and receiver.posts == [T0]
+        due = T0 + timedelta(seconds=waited)
+        for early in sorted({T0 + timedelta(seconds=5), due - timedelta(seconds=1), due - timedelta(milliseconds=1)}):
+            if early < due:
+                clock.set(early)
+                assert [await n.deliver_due() for n in notifiers] == [0, 0], early
+        assert receiver.posts == [T0]  # nobody POSTed it again before it was due
+        clock.set(due)
+        assert await notifiers[1].deliver_due() == 1  # another instance, once it is due
+        assert receiver.posts == [T0, due]
+        assert [n.outcomes[n.sinks[next(iter(n.sinks))].shown, "delivered"] for n in notifiers] == [0, 1]
+    finally:
+        for notifier in notifiers:
+            await notifier.stop(0)
+        receiver.close()
+
+
+def test_retry_after_is_read_as_seconds_or_a_date_and_nonsense_is_none() -> None:
+    now = T0
+    assert retry_after("30", now) == timedelta(seconds=30) and retry_after(" 1.5 ", now) == timedelta(seconds=1.5)
+    assert retry_after(format_datetime(now + timedelta(minutes=2), usegmt=True), now) == timedelta(minutes=2)
+    assert retry_after("Mon, 02 Mar 2026 08:02:00 -0000", now) == timedelta(minutes=2)
+    assert retry_after("Fri, 02 Mar 9999 08:00:00 GMT", now) == RETRY_AFTER_MAX
+    assert retry_after("1" * 5000, now) == RETRY_AFTER_MAX
+    for nonsense in (None, "", "0", "-5", "1e9", "nan", "inf", "soon", "Mon, 99 Mar 2026 08:02:00 GMT",
+                     "Mon, 02 Mar 99999 08:02:00 GMT", "Sun, 06 Nov 1994 08:49:37 GMT", "\x00\ud800"):  # fmt: skip
+        assert retry_after(nonsense, now) is None, nonsense
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,7 +7,10 @@ instance that has the sink configured claims a due row through the store with a 
 
 * a 2xx answer: delivered (audit ``alert.notified``);
 * anything else, or no answer within the timeout (shorter than the lease): due again after
-  a backoff that doubles; after the last attempt, given up (audit ``alert.notify_failed``).
+  a backoff that doubles, or after the wait a 429 or 503 answer's ``Retry-After`` asks for
+  if that is longer (up to :data:`RETRY_AFTER_MAX`: it is written as the outbox row's due
+  time, so no instance claims it sooner); after the last attempt, given up (audit
+  ``alert.notify_failed``).
 
 Exactly one delivery per transition and sink, except when an instance dies (or stalls past
 its lease) after the sink accepted the POST and before the outcome was recorded: once the
@@ -29,7 +32,8 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -45,7 +49,7 @@ from backend.runtime.loops import Loops
 from backend.runtime.subsystems import answers_of, keep_for_the_stop
 from backend.safetext import printable
 
-__all__ = ["AlertSettings", "Notifier", "Sink", "parse_sinks", "sink_of"]
+__all__ = ["RETRY_AFTER_MAX", "AlertSettings", "Notifier", "Sink", "parse_sinks", "retry_after", "sink_of"]
 
 log = logging.getLogger("schedtui.alerts")
 
@@ -59,6 +63,13 @@ OUTCOMES: Final = ("delivered", "retried", "given_up", "unrecorded")
 ERROR_MAX: Final = 300
 #: The longest any of the settings' lengths of time may be (seconds: some 115 days).
 _MOST: Final = 10_000_000
+#: The longest wait a receiver's ``Retry-After`` is honoured up to (an hour: PagerDuty's
+#: rate limits ask for seconds to a minute; a receiver asking for days is taken as asking
+#: for an hour, and the attempts still run out in the end).
+RETRY_AFTER_MAX: Final = timedelta(hours=1)
+#: The answers whose ``Retry-After`` is honoured: rate-limited, unavailable (RFC 9110, 6585).
+_RETRY_AFTER_STATUSES: Final = frozenset({429, 503})
+_DELAY_SECONDS = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -197,6 +208,27 @@ def parse_sinks(urls: Sequence[str]) -> tuple[Sink, ...]:
             raise BadInput(f"{exc.message} (notify URL {number} of {len(urls)})", field="notify") from None
         sinks.setdefault(sink.id, sink)
     return tuple(sinks.values())
+
+
+def retry_after(value: str | None, now: datetime) -> timedelta | None:
+    """The wait an answer's ``Retry-After`` asks for from ``now`` (seconds, or an HTTP date),
+    at most :data:`RETRY_AFTER_MAX`; ``None`` for none, a past date, or anything that is
+    neither (a negative number, a word): the sender's own backoff applies."""
+    text = (value or "").strip()
+    if not text:
+        return None
+    if _DELAY_SECONDS.fullmatch(text):
+        seconds = float(text)  # (inf for a thousand digits: capped below, never a timedelta)
+        wait = RETRY_AFTER_MAX if seconds >= RETRY_AFTER_MAX.total_seconds() else timedelta(seconds=seconds)
+    else:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        wait = (when if when.tzinfo is not None else when.replace(tzinfo=UTC)) - now
+    if wait <= timedelta(0):
+        return None
+    return min(wait, RETRY_AFTER_MAX)
 
 
 def _error(exc: BaseException) -> str:
@@ -373,6 +405,7 @@ class Notifier:
             log.warning("alert %s to %s: not sent, its claim ran out first", delivery.alert_key, sink.shown)
             return
         timeout = self.settings.timeout
+        asked: str | None = None  # (a 429's or 503's Retry-After)
         try:
             # The timeout bounds the whole POST (httpx's bounds each read: a receiver that
             # answers a byte at a time held it past the lease, when another instance sends
@@ -397,6 +430,8 @@ class Notifier:
                 },
             ) as answer:
                 error = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
+                if answer.status_code in _RETRY_AFTER_STATUSES:
+                    asked = answer.headers.get("retry-after")
         except Unavailable as exc:  # (PagerDuty's: the alert's state could not be read)
             error = f"the alert's state could not be read: {exc}"
         except (httpx.HTTPError, httpx.InvalidURL) as exc:  # (InvalidURL is no HTTPError)
@@ -409,7 +444,13 @@ class Notifier:
         now = self.now()
         retry_at = None
         if error is not None and delivery.attempts < self.settings.attempts:
-            retry_at = now + self.settings.retry_delay(delivery.attempts)
+            # Never sooner than the backoff, nor than the receiver asked (up to the cap).
+            wait = self.settings.retry_delay(delivery.attempts)
+            asked_for = retry_after(asked, now)
+            if asked_for is not None and asked_for > wait:
+                wait = asked_for
+                error = f"{error} (Retry-After {printable(asked or '', 40)})"
+            retry_at = now + wait
         outcome = _Outcome(delivery, now, retry_at, error)
         try:
             await self._record(outcome)
