@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backend import BadInput, Engine, ManualClock, RunContext, Unavailable, define_schedule
+from backend import BadInput, Engine, EngineStopped, ManualClock, RunContext, Unavailable, define_schedule
 from backend.api.app import create_app
 from backend.api.tokens import ANONYMOUS, Tokens, parse_token
 from backend.client.embedded import EmbeddedBackend
@@ -280,6 +280,51 @@ async def test_entries_the_store_cannot_take_are_kept_in_order_and_written_later
     lost = await log.record("schedule.fire", "b")
     await log.stop(0)  # the last resort: each one in the log
     assert json.dumps(lost.to_json(), ensure_ascii=False) in caplog.text
+
+
+async def test_an_entry_the_store_cannot_take_after_the_log_closed_is_logged_not_kept(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once the engine has closed the log (its stop's last word, before the store closes),
+    nothing retries a pending entry: one recorded then was kept in memory with a "will
+    retry" warning and never written anywhere. It is logged whole, as the stop does."""
+    store = FlakyAuditStore()
+    log = AuditLog(store=store, clock=clock, new_id=IdFactory(clock.now), events=EventBus(), actor="carol")
+    await log.close()
+    late = await log.record("schedule.fire", "a")
+    assert log.pending == [] and "will retry" not in caplog.text
+    assert json.dumps(late.to_json(), ensure_ascii=False) in caplog.text
+
+
+async def test_a_run_now_that_a_stop_overtakes_is_refused_and_runs_nothing(make_engine: Any) -> None:
+    """A Run now on an engine only opened (an embedded console, a ``connect()`` client)
+    takes this instance's lease first, a store write. A stop that began meanwhile (and
+    closed the store) used to find it launched all the same, on the stopped launcher: its
+    handler ran, and its audit entry stayed in memory ("will retry") with nothing left to
+    retry it. It is refused: nothing ran, nothing is owed to the log."""
+    ran: list[str] = []
+
+    async def handler(ctx: RunContext) -> None:
+        ran.append(ctx.run_id)
+
+    engine: Engine = make_engine([define_schedule(name="hourly", cron="0 * * * *", timezone="UTC", handler=handler)])
+    await engine.open()
+    took_lease, go_on = asyncio.Event(), asyncio.Event()
+    hold_lease_here = engine.hold_lease_here
+
+    async def held(action: str) -> None:
+        await hold_lease_here(action)
+        took_lease.set()
+        await go_on.wait()  # (the stop runs to its end meanwhile)
+
+    engine.hold_lease_here = held  # type: ignore[method-assign]
+    fire = asyncio.ensure_future(engine.run_now("hourly"))
+    await took_lease.wait()
+    await engine.stop(grace=0)
+    go_on.set()
+    with pytest.raises(EngineStopped, match='cannot fire "hourly": this engine is not open'):
+        await fire
+    assert ran == [] and engine.audit.pending == []
 
 
 # ---------------------------------------------------------------------------------------

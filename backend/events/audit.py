@@ -14,7 +14,8 @@ keyset (ids sort by time, as run ids do).
 
 An entry is written after its action took effect. If the store cannot take it then, it
 is kept in memory and retried every housekeeping round (the action is not undone, and the
-entry is not lost); an engine that stops with entries still unwritten logs each one.
+entry is not lost); an engine that stops with entries still unwritten logs each one, and so
+does the log for an entry it cannot write once it has stopped (nothing would retry it).
 """
 
 from __future__ import annotations
@@ -265,6 +266,8 @@ class AuditLog:
         self.retention = retention
         self.pending: list[AuditEntry] = []
         """Entries the store could not take yet, oldest first."""
+        self.stopped = False
+        """Closed (:meth:`close`): nothing retries a pending entry any more (see :meth:`record`)."""
         self._last_prune: datetime | None = None
 
     def actor(self) -> str:
@@ -289,9 +292,13 @@ class AuditLog:
             try:
                 await self._store().append_audit(entry)
             except Unavailable as exc:
-                log.warning("audit entry %s (%s %s by %s) not written yet, will retry: %s",
-                            entry.id, action, target, entry.actor, exc)  # fmt: skip
-                self.pending.append(entry)
+                if self.stopped:  # (nothing retries it: the log is the only place left, as at the stop)
+                    log.error("audit entry not written (the audit log has stopped: %s): %s", exc,
+                              json.dumps(entry.to_json(), ensure_ascii=False))  # fmt: skip
+                else:
+                    log.warning("audit entry %s (%s %s by %s) not written yet, will retry: %s",
+                                entry.id, action, target, entry.actor, exc)  # fmt: skip
+                    self.pending.append(entry)
         self.events.publish("audit", target)
         return entry
 
@@ -360,6 +367,15 @@ class AuditLog:
             # The last resort: the log is the only place left that can keep it.
             log.error("audit entry not written: %s", json.dumps(entry.to_json(), ensure_ascii=False))
         self.pending.clear()
+
+    async def close(self) -> None:
+        """The engine's last word to the log before it closes the store: write what came
+        since :meth:`stop` (a backfill's end), and from now on log an entry the store cannot
+        take instead of keeping it for a retry that never comes."""
+        try:
+            await self.stop(0)
+        finally:
+            self.stopped = True
 
     @property
     def idle(self) -> bool:

@@ -87,7 +87,12 @@ class EngineActions:
         of ``--coordination``) refuses it: those instances are where it belongs (the
         stateful test found a ``single`` firer, which then looked at no other process's
         runs, starting its next slot beside such a Run now). Otherwise this instance holds
-        a lease from now on, if it only opened (see :meth:`Engine.hold_lease_here`)."""
+        a lease from now on, if it only opened (see :meth:`Engine.hold_lease_here`).
+
+        Taking that lease waits for the store: a stop that began meanwhile refuses the
+        action (:class:`EngineStopped`), nothing started. It used to start all the same,
+        on a launcher already stopped: its handler ran after the stop had closed the
+        store, its run's end and its audit entry were never written."""
         if self.registry.role == "waiting":
             raise Refused(
                 f"cannot {action} here: this instance fires nothing while instances of another coordination "
@@ -95,6 +100,7 @@ class EngineActions:
                 reason="this instance fires nothing",
             )
         await self.hold_lease_here(action)
+        self.check_open(action)
 
     def bind_target(self, schedule: Schedule) -> Schedule:
         """A schedule defined with ``durable=F`` starts an execution of F per slot."""

@@ -314,7 +314,7 @@ async def stop_engine(engine: Engine, grace: float) -> None:
     try:
         # Its runs in flight are closed now (interrupted): each backfill's end, as it was.
         await engine.backfills.stop()
-        await engine.audit.stop(0)  # (the audit log stopped beside the others: write what came since)
+        await engine.audit.close()  # (the audit log stopped beside the others: write what came since)
     except Exception as exc:  # the store is closed below whatever happens here
         log.error("stopping: could not record the backfills' ends: %s", exc, exc_info=exc)
     try:
