@@ -586,9 +586,96 @@ async def test_a_removed_schedule_s_fleet_series_go_and_a_changed_one_is_rendere
     assert {dict(k)["schedule"] for k in series(second, "schedtui_schedule_last_success_timestamp_seconds")} == {"a", "b"}
     assert {dict(k)["schedule"] for k in series(second, "schedtui_schedule_enabled")} == {"a", "b"}
     assert {dict(k)["schedule"] for k in series(second, "schedtui_schedule_next_fire_timestamp_seconds")} == {"a", "b"}
-    # This instance's counts stay (a counter does not go back): c ran here once.
-    assert sum(v for k, v in series(second, "schedtui_runs_total").items() if ("schedule", "c") in k) == 1.0
+    # This instance's counts of c go too (see test_a_deleted_schedule_s_series_go_on_every_instance).
+    assert not shown(second, "c")
     assert (await metrics.render()).split(b"# HELP process_")[0] == generate_latest_text(metrics)
+
+
+def shown(samples: Samples, schedule: str) -> list[tuple[str, frozenset[tuple[str, str]]]]:
+    """Every sample of any family that names ``schedule``."""
+    return [key for key in samples if ("schedule", schedule) in key[1]]
+
+
+async def scraped(metrics: EngineMetrics, *, snapshot: bool = False) -> Samples:
+    """A scrape's samples (with ``snapshot``, once the store's families were read again:
+    they are kept ``cache_for``, 5 s)."""
+    if snapshot:
+        cast(ManualClock, metrics.fleet.clock).advance(5)
+        await metrics.render()
+        await metrics.fleet.settled()
+    return parse((await metrics.render()).decode())[1]
+
+
+def counts_of(samples: Samples, schedule: str) -> list[tuple[str, frozenset[tuple[str, str]]]]:
+    """This instance's counts of ``schedule`` (runs, durations)."""
+    return [key for key in shown(samples, schedule) if key[0].startswith(("schedtui_runs_", "schedtui_run_duration_"))]
+
+
+async def test_a_deleted_schedule_s_series_go_on_every_instance(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    """A stored schedule deleted at run time kept its run counts and its duration
+    histogram (a dozen series) on every instance that had run it, until a restart: a fleet
+    that creates and deletes schedules grew its series without bound. They go at the next
+    scrape on the instance that deleted it, and on another once its catalog's refresh has
+    told it; created again, the schedule counts from 0 (a counter reset to Prometheus)."""
+    mail = define_queue(name="mail", handler=_no_job)
+    firer = make_engine([mail])
+    firer_metrics = EngineMetrics(firer, clock=ManualClock(T0))
+    await firer.start()
+    operator = make_engine([mail], instance="cli")
+    operator_metrics = EngineMetrics(operator, clock=ManualClock(T0))
+    await operator.open()
+    await operator.create_schedule({"name": "reap", "cron": "* * * * *", "timezone": "UTC", "queue": "mail"})
+    await operator.run_now("reap", wait=True)  # counted by the operator's instance
+    for _ in range(61):  # (the firer reads the catalog every second, then fires 08:01)
+        clock.advance(1)
+        await firer.quiesce()
+    for metrics in (firer_metrics, operator_metrics):
+        _, samples = parse((await metrics.render()).decode())
+        assert value(samples, "schedtui_run_duration_seconds_count", schedule="reap") == 1.0, metrics.engine.instance
+    await operator.delete_schedule("reap")
+    assert counts_of(await scraped(operator_metrics), "reap") == []  # at once
+    assert shown(await scraped(operator_metrics, snapshot=True), "reap") == []  # the store's families at their next read
+    for _ in range(30):  # until the firer's catalog refresh has told it
+        if "reap" not in firer.schedules:
+            break
+        clock.advance(1)
+        await firer.quiesce()
+    assert "reap" not in firer.schedules
+    assert counts_of(await scraped(firer_metrics), "reap") == []
+    assert shown(await scraped(firer_metrics, snapshot=True), "reap") == []
+    assert (await firer_metrics.render()).split(b"# HELP process_")[0] == generate_latest_text(firer_metrics)
+    await operator.create_schedule({"name": "reap", "cron": "0 0 1 1 *", "timezone": "UTC", "queue": "mail"})
+    _, again = parse((await operator_metrics.render()).decode())
+    assert {dict(labels)["status"]: n for labels, n in series(again, "schedtui_runs_total").items()
+            if ("schedule", "reap") in labels} == {"succeeded": 0.0, "failed": 0.0}  # fmt: skip
+    assert series(again, "schedtui_run_duration_seconds_count") == {}
+
+
+async def test_a_run_in_flight_when_its_schedule_is_deleted_brings_no_series_back(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    release = asyncio.Event()
+
+    async def slow(ctx: RunContext) -> None:
+        await release.wait()
+
+    engine = make_engine([define_schedule(name="slow", cron="0 0 1 1 *", timezone="UTC", handler=slow),
+                          define_schedule(name="kept", cron="0 0 1 1 *", timezone="UTC", handler=ok)])  # fmt: skip
+    metrics = EngineMetrics(engine, clock=ManualClock(T0))
+    await engine.start()
+    release.set()
+    await engine.run_now("slow", wait=True)  # one run counted, with its duration
+    release.clear()
+    assert shown(parse((await metrics.render()).decode())[1], "slow")
+    in_flight = await engine.run_now("slow")
+    engine.remove_schedule("slow")
+    assert counts_of(await scraped(metrics), "slow") == []
+    release.set()
+    await engine.quiesce()
+    assert (await engine.get_run(in_flight.id)).status == "succeeded"  # recorded, not counted
+    after = await scraped(metrics, snapshot=True)
+    assert shown(after, "slow") == [] and counts_of(after, "kept")
+    assert metrics._gone == set()  # (nothing of it left to end here: no longer watched for)
 
 
 def generate_latest_text(metrics: EngineMetrics) -> bytes:

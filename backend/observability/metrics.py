@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, cast
@@ -139,21 +139,28 @@ class EngineMetrics:
         self.registry.register(self.tallies)
         self.registry.register(self.fleet)
         self._counts: tuple[int, bytes] | None = None
-        self._expected: tuple[Collection[str], Collection[str], str] = ((), (), "")
+        self._expected: tuple[set[str], set[str], str] = (set(), set(), "")
         """The schedules and queues given zero counts, and the outcome they were given them under."""
+        self._gone: set[str] = set()
+        """Schedules deleted since this instance knew them whose runs may still end here (in
+        flight when it was deleted): their ends are not counted (see :meth:`_expect`)."""
         self._rendering = asyncio.Lock()
         self._between: asyncio.Task[None] | None = None
         self._rendered: asyncio.Future[None] | None = None
-        engine.ledger.meters.append(self.tallies.run_finished)
+        engine.ledger.meters.append(self._run_finished)
         engine.jobs.meters.append(self.tallies.job_finished)
+
+    def _run_finished(self, run: Run) -> None:
+        if run.name not in self._gone:  # (a deleted schedule's run that was in flight: its series went)
+            self.tallies.run_finished(run)
 
     def close(self) -> None:
         """Stop counting and reading the fleet's state (the engine keeps running)."""
         self.fleet.stop()
         if self._between is not None:
             self._between.cancel()
-        if self.tallies.run_finished in self.engine.ledger.meters:
-            self.engine.ledger.meters.remove(self.tallies.run_finished)
+        if self._run_finished in self.engine.ledger.meters:
+            self.engine.ledger.meters.remove(self._run_finished)
         if self.tallies.job_finished in self.engine.jobs.meters:
             self.engine.jobs.meters.remove(self.tallies.job_finished)
 
@@ -177,12 +184,27 @@ class EngineMetrics:
     def _expect(self) -> None:
         """Zero counts for the schedules and queues this instance knows, as it would count
         their runs (see :meth:`Tallies.expect`): the definitions' and the stored schedules'
-        (created since, too). Only the new ones cost more than a set's difference."""
+        (created since, too). Only the new ones cost more than a set's difference.
+
+        A stored schedule deleted since (here, or on another instance: this one learns of it
+        at its catalog's refresh) has its counts forgotten, so that its series go: they
+        stayed until a restart, and a fleet that creates and deletes schedules grew its
+        series without bound. A run of it that was in flight and ends later is not counted
+        (see :meth:`_run_finished`); created again, it counts from 0 (a counter reset to
+        Prometheus)."""
         engine = self.engine
         outcome = engine.coordinator.outcome
         known, seen = (engine.schedules.keys(), engine.jobs.queues.keys(), outcome), self._expected
-        if outcome == seen[2] and not known[0] - seen[0] and not known[1] - seen[1]:
+        if self._gone:
+            # Back (created again), or none of its runs left here to end: no longer watched for.
+            active = {scheduled.schedule.name for scheduled in engine.launcher.active.values()}
+            self._gone = {name for name in self._gone if name in active and name not in known[0]}
+        if outcome == seen[2] and not known[0] - seen[0] and not known[1] - seen[1] and not seen[0] - known[0]:
             return
+        gone = set(seen[0] - known[0])
+        if gone:
+            self.tallies.forget(gone)
+            self._gone |= gone
         schedules = []
         for name, schedule in engine.schedules.items():
             trigger = engine.trigger_of(schedule)
@@ -335,6 +357,8 @@ class Tallies(Collector):
         """The counts as of the last :meth:`freeze`."""
         self._changed: set[str] = set()
         """Schedules whose counts changed since the last freeze."""
+        self._forgotten: set[str] = set()
+        """Schedules whose counts were dropped since the last freeze (see :meth:`forget`)."""
         self.pending: set[str] = set()
         """Schedules whose frozen counts changed since a renderer last cleared this."""
         self.texts = (
@@ -386,6 +410,19 @@ class Tallies(Collector):
                     self.jobs[(queue, outcome)] = 0
                     self.changes += 1
 
+    def forget(self, names: Iterable[str]) -> None:
+        """Drop the counts of schedules no longer known (deleted): their series go from the
+        next render."""
+        gone = [name for name in names if name in self.runs or name in self.durations]
+        if not gone:
+            return
+        for name in gone:
+            self.runs.pop(name, None)
+            self.durations.pop(name, None)
+            self._changed.discard(name)
+        self._forgotten.update(gone)
+        self.changes += 1
+
     def job_finished(self, finish: Finish) -> None:
         outcome = _JOB_OUTCOMES.get(finish.kind)
         if outcome is not None:
@@ -400,17 +437,24 @@ class Tallies(Collector):
         if frozen.version == self.changes:
             return
         runs, durations = frozen.runs, frozen.durations
+        forgotten, self._forgotten = self._forgotten, set()
+        if forgotten:  # (the order is kept: what is left stays sorted)
+            runs = {name: n for name, n in runs.items() if name not in forgotten}
+            durations = {name: timed for name, timed in durations.items() if name not in forgotten}
+            self.pending -= forgotten
         if self._changed:
+            new = [name for name in self._changed if name not in runs]
             runs, durations = dict(runs), dict(durations)
             for name in self._changed:
                 runs[name] = tuple(sorted(self.runs[name].items()))
                 timed = self.durations.get(name)
                 if timed is not None:
+                    if name not in durations:
+                        new.append(name)
                     durations[name] = (tuple(timed.counts), timed.total)
             # Kept in the schedules' order (as shown): sorted again only when one is new.
-            if len(runs) != len(frozen.runs):
+            if new:
                 runs = dict(sorted(runs.items()))
-            if len(durations) != len(frozen.durations):
                 durations = dict(sorted(durations.items()))
             self.pending |= self._changed
             self._changed.clear()
