@@ -19,6 +19,7 @@ from typing import Any
 
 from textual.pilot import Pilot
 from textual.widgets import Checkbox, Input
+from textual.worker import WorkerCancelled
 
 from backend import ManualClock, Unauthorized
 from backend.model import BackfillProgress
@@ -83,7 +84,11 @@ async def settle(pilot: Pilot[Any]) -> None:
             for field in screen.query(Input):
                 field.cursor_blink = False
         await pilot.pause()
-        await pilot.app.workers.wait_for_complete()
+        try:
+            await pilot.app.workers.wait_for_complete()
+        except WorkerCancelled:  # (an exclusive worker replaced by a newer one: wait for that)
+            quiet = 0
+            continue
         await pilot.pause()
         busy = (
             getattr(pilot.app, "_refreshing", False)

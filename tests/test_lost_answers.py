@@ -48,6 +48,13 @@ def relay(pg_url: str) -> Iterator[FreezableRelay]:
 async def store(pg_url: str, relay: FreezableRelay) -> AsyncIterator[PostgresStore]:
     opened = PostgresStore(via(pg_url, relay.port))
     await opened.open()
+    # The queue's kept connections connected now, not in the background once a send or a
+    # cycle first wants one: their set-up's answers (a `SELECT 1` among them) must not be
+    # the one the relay drops (it was, on a loaded machine, and the write meant went
+    # through untouched). (The checkpoints' stays unconnected: the durable writes here are
+    # the pool's.)
+    for lane in [*opened._senders, *opened._cyclers]:
+        assert await lane.open()
     yield opened
     await opened.close()
 
