@@ -2025,6 +2025,42 @@ async def test_a_task_group_whose_step_failed_cancels_its_sibling_step_which_a_r
     assert (CALLS["first"], CALLS["slow"], CALLS["broken"]) == (1, 2, 2)
 
 
+async def test_a_retry_runs_again_every_step_whose_failure_failed_the_execution(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Two gathered steps both fail for good, and the code raises their failure: the
+    execution fails. A retry ran only the one whose failure was raised last, and the
+    other's failure, replayed from its checkpoint, failed the execution again at once
+    without a call (a retry that did nothing anyone asked for: a second one was needed).
+    Both run again, each once; the step that had succeeded does not."""
+    one, two = fails_first("one", 1, "one mended"), fails_first("two", 1, "two mended")
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        first = await ctx.step("first", count("first", 1))
+        pair = await asyncio.gather(
+            ctx.step("one", one, retry=False), ctx.step("two", two, retry=False), return_exceptions=True
+        )
+        for outcome in pair:
+            if isinstance(outcome, StepFailed):
+                raise outcome
+        return [first, *pair]
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    failed = await engine.durable.get(started.id)
+    assert failed.status == "failed"
+    assert {(step.name, step.status) for step in failed.steps or []} == {
+        ("first", "succeeded"), ("one", "failed"), ("two", "failed")
+    }
+    await engine.durable.retry(started.id)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.error_message, done.output) == ("succeeded", None, [1, "one mended", "two mended"])
+    assert (CALLS["first"], CALLS["one"], CALLS["two"]) == (1, 2, 2)
+
+
 async def test_an_at_most_once_step_a_task_group_cancelled_is_left_to_a_person(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:

@@ -148,6 +148,7 @@ class DurableContext:
                 if record.status == "succeeded":
                     return decode(record.output)
                 if record.status == "failed":
+                    run.failing(name)
                     run.failure = StepFailed(name, position, record.attempt, record.error_tag, record.error_message)
                     raise run.failure
                 if record.status == "running" and record.at_most_once:
@@ -234,6 +235,7 @@ class DurableContext:
             run.lines.note(f'step "{name}" failed (attempt {attempt} of {policy.attempts}): {what}')
             failed = StepRecord(position, name, "step", "failed", attempt, started, outcome.at, error_tag=outcome.error_tag,
                                 error_message=outcome.error_message, at_most_once=at_most_once, gathered=run.by_name)  # fmt: skip
+            run.failing(name)  # (before its checkpoint: an end decided meanwhile, by a sibling's failure, knows of it)
             await run.checkpoint(failed, outcome.at)
             run.failure = StepFailed(name, position, attempt, outcome.error_tag, outcome.error_message)
             raise run.failure

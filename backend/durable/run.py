@@ -34,7 +34,7 @@ from backend.durable.model import (
     decode,
     encode,
 )
-from backend.durable.store import Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write
+from backend.durable.store import Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write, join_failed_steps
 from backend.errors import Unavailable
 from backend.model import TAG_INTERRUPTED, TAG_TIMEOUT
 from backend.runtime.runner import Invocation, Outcome
@@ -182,6 +182,12 @@ class ExecutionRun:
         self.failure: StepFailed | None = None
         """The last step failure raised into the code (it failed the execution if the code
         then failed)."""
+        self.unsettled: dict[asyncio.Task[Any] | None, list[str]] = {}
+        """The steps whose failure for good is raised into each task of the code (or on its
+        way), which has reached no step since (nor has any other, once the task has ended):
+        several when steps at once failed (an ``asyncio.gather``). If the code then fails, a
+        retry runs each of them again, not only the last (the others' failures, replayed,
+        would fail it again at once)."""
         self.context: DurableContext = DurableContext(self)
         self.input: Any = decode(row.input)
         if row.was == "running" and row.was_instance == executor.instance:
@@ -257,15 +263,29 @@ class ExecutionRun:
         elif self.failure is not None and outcome.error_tag == StepFailed.__name__:
             failure = self.failure
             finish = Finish(
-                "failed", failure.step, error_tag=failure.error_tag, error_message=failure.message, failed_step=failure.step
-            )
+                "failed", failure.step, error_tag=failure.error_tag, error_message=failure.message,
+                failed_step=self._failed_steps(failure.step),
+            )  # fmt: skip
         else:
-            failed_step = self.failure.step if self.failure is not None else None
+            failed_step = self._failed_steps(self.failure.step) if self.failure is not None else None
             finish = Finish(
                 "failed", self.current_step, error_tag=outcome.error_tag, error_message=outcome.error_message,
                 failed_step=failed_step,
             )  # fmt: skip
         await self._end(finish)
+
+    def _failed_steps(self, last: str) -> str:
+        """What a retry runs again (:attr:`Finish.failed_step`): the step whose failure was
+        raised last, and every other whose failure the code has not gone past."""
+        names = [last]
+        for failed in self.unsettled.values():
+            names.extend(name for name in failed if name not in names)
+        return join_failed_steps(names)
+
+    def failing(self, name: str) -> None:
+        """The step ``name`` failed for good (now, its checkpoint about to be sent; or in a
+        checkpoint replayed): its failure is raised into the code's current task."""
+        self.unsettled.setdefault(current_task(), []).append(name)
 
     async def _end(self, then: Finish | Suspend, note: str | None = None) -> None:
         if note:
@@ -399,6 +419,9 @@ class ExecutionRun:
         if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
             raise ValueError(f"a step name must be 1-200 printable characters, not {name!r}")
         task = current_task()
+        if self.unsettled:  # the code went past the failures its task was told of, and past those of ended tasks
+            for other in [t for t in self.unsettled if t is task or t is None or t.done()]:
+                del self.unsettled[other]
         if self.in_progress:  # (steps at once; or a step inside one, a sleep beside one: refused)
             self._beside(name, kind, task)
         body = self.body

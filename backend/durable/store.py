@@ -39,6 +39,8 @@ __all__ = [
     "Suspend",
     "Write",
     "execution_from_row",
+    "failed_steps",
+    "join_failed_steps",
     "signals_from_json",
     "step_from_row",
     "step_view",
@@ -140,7 +142,21 @@ class Finish:
     error_tag: str | None = None
     error_message: str | None = None
     failed_step: str | None = None
-    """The step whose failure failed the execution (``retry`` starts over from it)."""
+    """The steps whose failure failed the execution (``retry`` runs them again), one a line:
+    see :func:`join_failed_steps`."""
+
+
+def join_failed_steps(names: Sequence[str]) -> str:
+    """The steps a retry runs again, as :attr:`Finish.failed_step` keeps them: one a line (a
+    step name is printable: it holds no line break). A release before this one kept one
+    name; its retry of an execution failed with several runs none again (it fails again at
+    once, and a retry by this release runs them)."""
+    return "\n".join(names)
+
+
+def failed_steps(kept: str) -> list[str]:
+    """The step names :func:`join_failed_steps` joined."""
+    return kept.split("\n")
 
 
 #: An execution's log is its newest this many lines: all a reader is given, and all a store

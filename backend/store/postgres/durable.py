@@ -45,6 +45,7 @@ from backend.durable.store import (
     Suspend,
     Write,
     execution_from_row,
+    failed_steps,
     signals_from_json,
     step_from_row,
     step_view,
@@ -380,8 +381,8 @@ REQUEUE = f"""
         failed_step = NULL, finished_at = NULL, updated_at = %s, cancel_requested = false
     WHERE id = %s
 """
-# A retry forgets the failed step's checkpoint so that it runs again: never a succeeded one.
-FORGET_STEP = "DELETE FROM schedtui_durable_steps WHERE execution_id = %s AND name = %s AND status <> 'succeeded'"
+# A retry forgets the failed steps' checkpoints so that they run again: never a succeeded one.
+FORGET_STEPS = "DELETE FROM schedtui_durable_steps WHERE execution_id = %s AND name = ANY (%s) AND status <> 'succeeded'"
 INSERT_LOG = "INSERT INTO schedtui_durable_logs (execution_id, at, message) VALUES (%s, %s, %s)"
 #: Which of an operator's log lines (one of ``messages`` at its instant) an execution holds:
 #: a cancel's or a retry's own doing, whose answer was lost (see ``PostgresDurable._done``).
@@ -844,7 +845,7 @@ class PostgresDurable:
                 if status != "failed":
                     return status  # type: ignore[no-any-return]
                 if failed_step is not None:
-                    await conn.execute(FORGET_STEP, (id, failed_step))
+                    await conn.execute(FORGET_STEPS, (id, failed_steps(failed_step)))
                 await conn.execute(REQUEUE, (now, id))
                 await conn.execute(INSERT_LOG, (id, now, note))
                 return "failed"

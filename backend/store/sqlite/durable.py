@@ -32,6 +32,7 @@ from backend.durable.store import (
     Suspend,
     Write,
     execution_from_row,
+    failed_steps,
     signals_from_json,
     step_from_row,
     step_view,
@@ -210,7 +211,7 @@ REQUEUE = """
         failed_step = NULL, finished_at = NULL, updated_at = ?, cancel_requested = 0
     WHERE id = ?
 """
-# A retry forgets the failed step's checkpoint so that it runs again: never a succeeded one.
+# A retry forgets the failed steps' checkpoints so that they run again: never a succeeded one.
 FORGET_STEP = "DELETE FROM durable_steps WHERE execution_id = ? AND name = ? AND status <> 'succeeded'"
 GET = f"SELECT {EXECUTION_COLUMNS} FROM durable_executions WHERE id = ?"
 #: The newest lines of an execution's log, oldest first, with their ids (a reader's place in it).
@@ -444,7 +445,7 @@ class SQLiteDurable:
             if status != "failed":
                 return status  # type: ignore[no-any-return]
             if failed_step is not None:
-                c.execute(FORGET_STEP, (id, failed_step))
+                c.executemany(FORGET_STEP, [(id, name) for name in failed_steps(failed_step)])
             c.execute(REQUEUE, (at, id))
             c.execute(INSERT_LOG, (id, at, note))
             return "failed"
