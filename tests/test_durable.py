@@ -1927,6 +1927,41 @@ async def test_gathered_steps_run_at_once_and_a_retrys_wait_waits_for_the_others
     assert (CALLS["slow"], CALLS["flaky"]) == (1, 3)  # the finished step never ran again
 
 
+async def test_a_step_reached_while_a_retrys_wait_is_written_does_not_start(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Two steps at once, the first failing its first attempt at once (an async step): its
+    retry's wait is written with no other step in progress. A step reached while that
+    write was in flight started all the same: the execution was let go of with it running
+    (its outcome recorded nowhere: its failed attempts never counted), and the next claim
+    ran it again beside itself. It does not start: it runs after the wait, once."""
+    slow = Held("slow", "slow")
+
+    async def flaky() -> str:
+        CALLS["flaky"] += 1
+        if CALLS["flaky"] == 1:
+            raise ConnectionError("reset")
+        return "flaky"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await asyncio.gather(
+            ctx.step("flaky", flaky, retry=Retry(attempts=3, initial_delay=1, max_delay=1)), ctx.step("slow", slow)
+        )
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    waiting = await engine.durable.get(started.id)
+    assert (waiting.status, waiting.waiting_for, CALLS["flaky"], CALLS["slow"]) == ("waiting", "retry:flaky", 1, 0)
+    slow.release.set()
+    clock.advance(1)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", ["flaky", "slow"])
+    assert (CALLS["flaky"], CALLS["slow"]) == (2, 1)
+
+
 async def test_a_step_reached_while_another_waits_to_leave_the_code_does_not_start(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:

@@ -102,6 +102,9 @@ PLANS = st.lists(
         # first): the positions the second steps take depend on which first step ended
         # first, so replays find them by name.
         st.tuples(st.just("branches"), st.integers(0, 5)),
+        # A step that fails this many times first and a slow one, gathered in that order:
+        # the first fails at once, and its retry's wait is written as the second is reached.
+        st.tuples(st.just("lead"), st.integers(0, 5)),
         # Code between two steps that takes this long (no step: nothing is checkpointed):
         # an operator's cancel meanwhile is heard at the next write, perhaps an at-most-once
         # step's started mark.
@@ -279,6 +282,13 @@ async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
                 return [first, second]
 
             value = await asyncio.gather(branch(0), branch(1))
+        elif kind == "lead":
+            steps.extend([f"{name}f", f"{name}s"])
+            WORLD.slow.add((ctx.id, f"{name}s"))
+            value = await asyncio.gather(
+                ctx.step(f"{name}f", page, ctx.id, f"{name}f", arg, ctx.fence, retry=Retry(attempts=4, initial_delay=5, max_delay=5)),
+                ctx.step(f"{name}s", slow, ctx.id, f"{name}s", 12, ctx.fence, ctx.log),
+            )
         elif kind == "pause":
             assert WORLD.clock is not None
             WORLD.pausing.add((ctx.id, ctx.fence))

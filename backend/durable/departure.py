@@ -2,11 +2,11 @@
 
 A retry's wait lets go of the execution: written while a step beside it still runs, the
 next claim would run that step again beside itself (and find an at-most-once one
-interrupted). So a step whose retry must wait, while others run (the code gathered
-steps), *joins* the departure: the wait is written once every other step has ended or
-joined too, by the last to get there, one wait for all until the earliest, with each one's
-record; and a step reached while some wait to leave does not start (it joins without a
-wait: the next claim runs it).
+interrupted). So a step whose retry must wait *joins* the departure: the wait is written
+once every other step has ended or joined too (the code gathered steps), by the last to
+get there, one wait for all until the earliest, with each one's record; and a step reached
+while some wait to leave, their wait being written included, does not start (it joins
+without a wait: the next claim runs it).
 """
 
 from __future__ import annotations

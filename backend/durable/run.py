@@ -589,11 +589,16 @@ class ExecutionRun:
         *,
         step: str | None = None,
     ) -> NoReturn:
-        """Write the wait and leave the code: nothing is held while it waits. A ``step``
-        whose siblings still run (the code gathered steps) first waits for them to end:
-        see :mod:`.departure`."""
+        """Write the wait and leave the code: nothing is held while it waits. A ``step``'s
+        wait (a retry's) leaves through the departure: it waits for the steps beside it (the
+        code gathered steps) to end, and none starts while it is written: see
+        :mod:`.departure`."""
         self.check_bound(f'the wait "{waiting_for}"', wake_at)
-        if step is not None and (len(self.in_progress) > 1 or self.departure.pending):
+        if step is not None:
+            # A step's wait leaves through the departure even when no step beside it runs:
+            # while it is written, a step another task of the code reaches does not start
+            # (it started, and ran on with the execution let go of: run again beside itself
+            # by the next claim, its outcome recorded nowhere, its attempts never counted).
             await self.departure.join(step, Wait(wake_at, waiting_for, record, signal))
         then = Suspend("waiting", self.current_step, waiting_for, wake_at, signal)
         await self.write(then, [record] if record is not None else [])
