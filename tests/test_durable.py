@@ -1868,19 +1868,29 @@ async def test_branches_of_steps_gathered_replay_by_name_whatever_order_their_st
     assert len({step.seq for step in done.steps or []}) == 4  # each its own position
 
 
+@pytest.mark.parametrize("how", ["awaited", "on a task", "on a thread's loop"])
 async def test_a_step_reached_inside_another_steps_function_fails_the_execution(
-    engines: Callable[..., Engine], clock: ManualClock
+    engines: Callable[..., Engine], clock: ManualClock, how: str
 ) -> None:
     """A step's function that reaches a step of its own: the outer cannot end before the
     inner, whose retry would wait for the outer to end. Not gathered beside it but inside
-    it: it fails the execution, naming both, and neither runs again."""
+    it: it fails the execution, naming both, and neither runs again. Also reached on a task
+    the outer's function started (taken for a gathered sibling, it ran, and a retry's wait
+    of the inner hung the execution for good, the outer awaiting it) or on an event loop a
+    sync outer's thread ran (not seen inside at all: both ran and were recorded)."""
 
     async def body(ctx: DurableContext, input: Any) -> Any:
         async def outer() -> Any:
             CALLS["outer"] += 1
+            if how == "on a task":
+                return await asyncio.create_task(ctx.step("inner", count("inner", 1)))
             return await ctx.step("inner", count("inner", 1))
 
-        return await ctx.step("outer", outer)
+        def sync_outer() -> Any:
+            CALLS["outer"] += 1
+            return asyncio.run(ctx.step("inner", count("inner", 1)))
+
+        return await ctx.step("outer", sync_outer if how == "on a thread's loop" else outer)
 
     engine = engines([define_durable(name="f", handler=body)])
     await engine.start()
@@ -1889,8 +1899,45 @@ async def test_a_step_reached_inside_another_steps_function_fails_the_execution(
     done = await engine.durable.get(started.id)
     assert (done.status, done.error_tag) == ("failed", "concurrent_steps")
     assert done.error_message is not None
-    assert done.error_message.startswith('step "inner" was reached inside step "outer": a step\'s function cannot reach')
+    assert done.error_message.startswith('step "inner" was reached inside step "outer"')
+    assert "a step's function cannot reach a step, a sleep or a wait of its execution" in done.error_message
     assert (CALLS["outer"], CALLS["inner"]) == (1, 0)
+    assert [step.name for step in done.steps or []] == []
+
+
+async def test_a_step_reached_on_a_threads_own_event_loop_is_refused_with_what_to_do(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The code starts a thread that reaches a step on an event loop of its own
+    (``asyncio.run``): the step's bookkeeping and writes belong to the code's loop (on
+    SQLite it ran and was recorded from the other thread; on PostgreSQL the execution
+    failed "got Future attached to a different loop"). It is refused, saying what to do;
+    from that thread through the code's loop, it runs."""
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        loop = asyncio.get_running_loop()
+
+        def worker(own_loop: bool) -> Any:
+            step = ctx.step("own" if own_loop else "handed", count("step", 1))
+            return asyncio.run(step) if own_loop else asyncio.run_coroutine_threadsafe(step, loop).result()
+
+        handed = await asyncio.to_thread(worker, False)
+        try:
+            await asyncio.to_thread(worker, True)
+        except RuntimeError as exc:
+            return [handed, str(exc)]
+        return [handed, "ran"]
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert done.status == "succeeded"
+    assert done.output == [1, f'step "own" of execution {started.id} was reached on another event loop than its '
+                              "code's: await it from the code (or from a thread with asyncio.run_coroutine_threadsafe"
+                              "(..., the code's loop))"]  # fmt: skip
+    assert [(step.name, step.status) for step in done.steps or []] == [("handed", "succeeded")]
+    assert CALLS["step"] == 1
 
 
 async def test_gathered_steps_run_at_once_and_a_retrys_wait_waits_for_the_others_to_end(

@@ -79,6 +79,19 @@ class ExecutionLines:
         if len(held) > 2 * LOG_LINES:
             del held[:-LOG_LINES]
 
+    def within(self) -> str | None:
+        """The step whose function runs here (on its task, a task it started, or its thread,
+        or a loop that thread runs), if any: of this claim's code."""
+        inside = _INSIDE.get()
+        return inside[1] if inside is not None and inside[0] is self else None
+
+    def on_its_loop(self) -> bool:
+        """Whether this runs on the event loop of the code (not on another a thread runs)."""
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
     def inside(self, step: str) -> contextvars.Token[tuple[ExecutionLines, str] | None]:
         """The function of ``step`` runs from now on, in this context: the lines logged in it
         go with that step's record (see :meth:`hold`). Hand the token to :meth:`outside`."""

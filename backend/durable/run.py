@@ -418,6 +418,8 @@ class ExecutionRun:
         self.check()
         if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
             raise ValueError(f"a step name must be 1-200 printable characters, not {name!r}")
+        if not self.lines.on_its_loop():
+            self._elsewhere(name, kind)
         task = current_task()
         if self.unsettled:  # the code went past the failures its task was told of, and past those of ended tasks
             for other in [t for t in self.unsettled if t is task or t is None or t.done()]:
@@ -480,6 +482,8 @@ class ExecutionRun:
         taken (and from now on recorded steps are found by name: see :attr:`by_name`); one
         inside a step's function, or a sleep or a wait beside any, fails the execution."""
         outer = self._tasks.get(task)
+        if outer is None and (within := self.lines.within()) in self.in_progress:
+            outer = within  # (on a task that step's function started: its function awaits it, or may)
         if outer is not None:
             # Inside another step's function: that one cannot end before this one does, and
             # this one's retry would wait for it to (see join).
@@ -503,6 +507,24 @@ class ExecutionRun:
                 )
                 raise self.ending
         self.by_name = True
+
+    def _elsewhere(self, name: str, kind: str) -> NoReturn:
+        """``name`` is reached on another event loop than the code's (a thread's
+        ``asyncio.run``): inside a step's function, it fails the execution as one reached
+        there on the code's own loop does; elsewhere, the code is told how to reach it."""
+        outer = self.lines.within()
+        if outer is not None and outer in self.in_progress:
+            self.ending = Fatal(
+                TAG_CONCURRENT_STEPS,
+                f'{kind} "{name}" was reached inside step "{outer}" (on an event loop of its own): a step\'s function '
+                "cannot reach a step, a sleep or a wait of its execution (call it from the code, beside or after that step)",
+                name,
+            )
+            raise self.ending
+        raise RuntimeError(
+            f'{kind} "{name}" of execution {self.id} was reached on another event loop than its code\'s: await it '
+            "from the code (or from a thread with asyncio.run_coroutine_threadsafe(..., the code's loop))"
+        )
 
     def leave(self, name: str) -> None:
         """The step, sleep or wait ``name`` returned or raised (once :meth:`enter` took it)."""
