@@ -2143,6 +2143,56 @@ async def test_a_retry_runs_again_every_step_whose_failure_failed_the_execution(
     assert (CALLS["first"], CALLS["one"], CALLS["two"]) == (1, 2, 2)
 
 
+async def test_an_end_waits_for_a_siblings_checkpoint_on_its_way(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    """Two gathered steps: one fails for good as the other succeeds, whose checkpoint is
+    slow to commit (a busy store). The execution's end, written at once, landed first and
+    refused that checkpoint: the step that had succeeded ran again on a retry. The end
+    waits for the checkpoints on their way; the retry runs the failed step alone."""
+    async def flaky() -> str:
+        CALLS["flaky"] += 1
+        if CALLS["flaky"] == 1:
+            raise RuntimeError("flaky failed")
+        return "flaky"
+
+    async def succeeds() -> str:  # (async: its checkpoint is sent before flaky starts)
+        CALLS["done"] += 1
+        return "done"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await asyncio.gather(ctx.step("done", succeeds, retry=False), ctx.step("flaky", flaky, retry=False))
+
+    engine = engines([define_durable(name="f", handler=body)])
+    store: Any = engine.store
+    write = store.durable_write
+    ended = asyncio.Event()
+
+    async def slow_checkpoint(w: Write) -> Any:
+        if isinstance(w.then, Finish):
+            try:
+                return await write(w)
+            finally:
+                ended.set()
+        if any(record.name == "done" for record in w.steps):
+            # Held until the end has landed, or until the end waits for it (as it now does).
+            run = engine.durable.executor.running[w.id]
+            await until_true(lambda: ended.is_set() or getattr(run, "_answered", None) is not None, "the end, or its wait")
+        return await write(w)
+
+    store.durable_write = slow_checkpoint
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    failed = await engine.durable.get(started.id)
+    assert failed.status == "failed"
+    assert {(step.name, step.status) for step in failed.steps or []} == {("done", "succeeded"), ("flaky", "failed")}
+    store.durable_write = write
+    await engine.durable.retry(started.id)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", ["done", "flaky"])
+    assert (CALLS["done"], CALLS["flaky"]) == (1, 2)
+
+
 async def test_an_at_most_once_step_a_task_group_cancelled_is_left_to_a_person(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:

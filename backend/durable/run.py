@@ -176,6 +176,8 @@ class ExecutionRun:
         """The step in progress on each task: one reached on a task that has one is inside it."""
         self.writing = 0
         """Writes in flight (a step's checkpoint each, when steps run at once)."""
+        self._answered: asyncio.Future[None] | None = None
+        """Set when no write is in flight any more, for an end that waits for that."""
         self.departure = Departure(self)
         """Steps in progress waiting to leave the code together (a retry's wait beside steps
         still running)."""
@@ -235,6 +237,8 @@ class ExecutionRun:
             return
         if not isinstance(ending, Released) or isinstance(ending, InDoubt):
             await self._steps_returned()
+        if self.writing:
+            await self._writes_answered()
         if self.threads:  # the instance stops with a step on a thread: it is not handed on
             self._left_to_its_lease()
             return
@@ -328,6 +332,21 @@ class ExecutionRun:
                 waits.discard(released)
         finally:
             released.cancel()
+
+    async def _writes_answered(self) -> None:
+        """Before the end is written: no checkpoint of a step beside the code's last is still
+        on its way (a gathered sibling's, sent as the code failed). The end, landing first,
+        refused it: a step that had succeeded ran again on a retry. Unless the instance
+        stops meanwhile (:meth:`interrupt`)."""
+        released = asyncio.ensure_future(self._released.wait())
+        try:
+            while self.writing and not released.done():
+                answered = self._answered = asyncio.get_running_loop().create_future()
+                waits: set[asyncio.Future[Any]] = {answered, released}
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            released.cancel()
+            self._answered = None
 
     def _cancel_note(self) -> str:
         return "cancelled by an operator; it stopped at a step boundary"
@@ -585,6 +604,8 @@ class ExecutionRun:
             raise self.ending from None
         finally:
             self.writing -= 1
+            if not self.writing and self._answered is not None and not self._answered.done():
+                self._answered.set_result(None)
         if cancel is None:
             if isinstance(self.ending, (Fatal, Cancelled, Ended)):
                 self.ending = None  # the end it was writing is not written: its lease is gone
