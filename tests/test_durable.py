@@ -2193,6 +2193,51 @@ async def test_an_end_waits_for_a_siblings_checkpoint_on_its_way(engines: Callab
     assert (CALLS["done"], CALLS["flaky"]) == (1, 2)
 
 
+async def test_an_at_most_once_step_whose_mark_is_answered_after_the_code_failed_is_run_by_a_retry(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Gathered: a step that fails for good, then an at-most-once one whose started mark is
+    slow to be answered; the code fails meanwhile, so the at-most-once step is not called.
+    Its mark, left started, made a retry fail the execution ``at_most_once_interrupted``,
+    asking a person about a call that never happened. The end records it failed, not
+    called; a retry calls it, once, and the execution succeeds."""
+    broken = fails_first("broken", 1, "mended")
+
+    async def pay() -> str:
+        CALLS["pay"] += 1
+        return "paid"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await asyncio.gather(ctx.step("broken", broken, retry=False), ctx.step("pay", pay, at_most_once=True))
+
+    engine = engines([define_durable(name="f", handler=body)])
+    store: Any = engine.store
+    write = store.durable_write
+
+    async def slow_mark(w: Write) -> Any:
+        if any(record.name == "pay" and record.status == "running" for record in w.steps):
+            # Answered once the code has failed and its end waits for this answer.
+            run = engine.durable.executor.running[w.id]
+            landed = await write(w)
+            await until_true(lambda: getattr(run, "_answered", None) is not None, "the end to wait for the mark")
+            return landed
+        return await write(w)
+
+    store.durable_write = slow_mark
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    failed = await engine.durable.get(started.id)
+    assert (failed.status, CALLS["pay"]) == ("failed", 0)
+    assert {(step.name, step.status) for step in failed.steps or []} == {("broken", "failed"), ("pay", "failed")}
+    store.durable_write = write
+    await engine.durable.retry(started.id)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.error_tag, done.output) == ("succeeded", None, ["mended", "paid"])
+    assert (CALLS["broken"], CALLS["pay"]) == (2, 1)
+
+
 async def test_an_at_most_once_step_a_task_group_cancelled_is_left_to_a_person(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:

@@ -22,7 +22,7 @@ from types import FunctionType
 from typing import TYPE_CHECKING, Any, Final
 
 from backend.durable.definition import DEFAULT_RETRY, NO_RETRY, Retry
-from backend.durable.errors import StepFailed
+from backend.durable.errors import Ended, StepFailed
 from backend.durable.model import MAX_LIFETIME, SAME_AS_JSON, TAG_AT_MOST_ONCE_INTERRUPTED, TAG_NOT_JSON, decode, encode
 from backend.durable.store import Progress, StepRecord
 from backend.inputs import is_async_callable
@@ -178,7 +178,11 @@ class DurableContext:
                 await run.write(Progress(name, started + run.executor.lease_ttl), [mark])
                 # A cancellation this write brought news of stops the step before it runs:
                 # one that runs at most once is the step an operator cancels to prevent.
-                run.boundary()
+                try:
+                    run.boundary()
+                except Ended:
+                    run.never_called(mark)
+                    raise
             # (a plain coroutine function, nearly every step, without asking inspect)
             is_async = (type(fn) is FunctionType and bool(fn.__code__.co_flags & CO_COROUTINE)) or is_async_callable(fn)
             call = run.call_step(name, fn, args, is_async)

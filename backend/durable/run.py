@@ -17,6 +17,7 @@ import asyncio
 import logging
 from asyncio import current_task
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -285,6 +286,20 @@ class ExecutionRun:
         for failed in self.unsettled.values():
             names.extend(name for name in failed if name not in names)
         return join_failed_steps(names)
+
+    def never_called(self, mark: StepRecord) -> None:
+        """The at-most-once step of ``mark`` is not called: its started mark landed, and its
+        answer came once the code had failed (a step beside it failed meanwhile). Left
+        started, a retry failed it ``at_most_once_interrupted``, asking a person about a call
+        that never happened: the end records it failed, and a retry runs it."""
+        body = self.body
+        if body is None or body.outcome is None or body.outcome.status == "succeeded":
+            return  # (the code returned: nothing retries it, its mark shows it ended so)
+        self.failing(mark.name)
+        self.pending.append(replace(
+            mark, status="failed", finished_at=self.now, error_tag=TAG_INTERRUPTED,
+            error_message="not called: the code had failed (a step beside it failed) when its started mark was answered",
+        ))  # fmt: skip
 
     def failing(self, name: str) -> None:
         """The step ``name`` failed for good (now, its checkpoint about to be sent; or in a
