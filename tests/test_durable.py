@@ -2193,8 +2193,9 @@ async def test_an_end_waits_for_a_siblings_checkpoint_on_its_way(engines: Callab
     assert (CALLS["done"], CALLS["flaky"]) == (1, 2)
 
 
+@pytest.mark.parametrize("failing", ["a step", "the code"])
 async def test_an_at_most_once_step_whose_mark_is_answered_after_the_code_failed_is_run_by_a_retry(
-    engines: Callable[..., Engine], clock: ManualClock
+    engines: Callable[..., Engine], clock: ManualClock, failing: str
 ) -> None:
     """Gathered: a step that fails for good, then an at-most-once one whose started mark is
     slow to be answered; the code fails meanwhile, so the at-most-once step is not called.
@@ -2207,8 +2208,16 @@ async def test_an_at_most_once_step_whose_mark_is_answered_after_the_code_failed
         CALLS["pay"] += 1
         return "paid"
 
+    async def code_fails() -> str:  # (the code's own, no step: fails once the mark is sent)
+        CALLS["broken"] += 1
+        await asyncio.sleep(0)
+        if CALLS["broken"] == 1:
+            raise ValueError("the code failed")
+        return "mended"
+
     async def body(ctx: DurableContext, input: Any) -> Any:
-        return await asyncio.gather(ctx.step("broken", broken, retry=False), ctx.step("pay", pay, at_most_once=True))
+        first = ctx.step("broken", broken, retry=False) if failing == "a step" else code_fails()
+        return await asyncio.gather(first, ctx.step("pay", pay, at_most_once=True))
 
     engine = engines([define_durable(name="f", handler=body)])
     store: Any = engine.store
@@ -2229,7 +2238,8 @@ async def test_an_at_most_once_step_whose_mark_is_answered_after_the_code_failed
     await engine.quiesce()
     failed = await engine.durable.get(started.id)
     assert (failed.status, CALLS["pay"]) == ("failed", 0)
-    assert {(step.name, step.status) for step in failed.steps or []} == {("broken", "failed"), ("pay", "failed")}
+    recorded = {("broken", "failed"), ("pay", "failed")} if failing == "a step" else {("pay", "failed")}
+    assert {(step.name, step.status) for step in failed.steps or []} == recorded
     store.durable_write = write
     await engine.durable.retry(started.id)
     await engine.quiesce()

@@ -272,20 +272,20 @@ class ExecutionRun:
                 failed_step=self._failed_steps(failure.step),
             )  # fmt: skip
         else:
-            failed_step = self._failed_steps(self.failure.step) if self.failure is not None else None
+            failed_step = self._failed_steps(self.failure.step if self.failure is not None else None)
             finish = Finish(
                 "failed", self.current_step, error_tag=outcome.error_tag, error_message=outcome.error_message,
                 failed_step=failed_step,
             )  # fmt: skip
         await self._end(finish)
 
-    def _failed_steps(self, last: str) -> str:
+    def _failed_steps(self, last: str | None) -> str | None:
         """What a retry runs again (:attr:`Finish.failed_step`): the step whose failure was
         raised last, and every other whose failure the code has not gone past."""
-        names = [last]
+        names = [] if last is None else [last]
         for failed in self.unsettled.values():
             names.extend(name for name in failed if name not in names)
-        return join_failed_steps(names)
+        return join_failed_steps(names) if names else None
 
     def never_called(self, mark: StepRecord) -> None:
         """The at-most-once step of ``mark`` is not called: its started mark landed, and its
