@@ -446,6 +446,67 @@ async def test_a_request_path_is_logged_escaped(caplog: pytest.LogCaptureFixture
     assert message == "unexpected error in GET /inspect/runs/x\\nFAKE log line\\x1b[2J"
 
 
+async def test_a_system_exit_or_keyboard_interrupt_a_handlers_own_task_raises_fails_its_run_not_serve(tmp_path: Path) -> None:
+    """asyncio lets ``SystemExit`` and ``KeyboardInterrupt`` out of the loop when a task or a
+    callback raises them: a handler whose TaskGroup child called ``sys.exit(3)`` ended
+    ``serve`` with exit code 3 (a child's KeyboardInterrupt with 130, a
+    ``loop.call_soon(sys.exit, 7)`` with 7), its run left ``running`` for the next process
+    to close as abandoned. The handler fails its run with it, and serve runs on."""
+    write_tree(tmp_path, {"schedules/exits.cron.py": """
+        import asyncio, sys
+        from backend import define_schedule
+
+        async def child_exits(ctx):
+            async def child():
+                sys.exit(3)
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(child())
+
+        async def child_interrupts(ctx):
+            async def child():
+                raise KeyboardInterrupt
+            await asyncio.create_task(child())
+
+        async def callback_exits(ctx):
+            asyncio.get_running_loop().call_soon(sys.exit, 7)
+
+        a = define_schedule(name="child-exits", cron="0 * * * *", timezone="UTC", handler=child_exits)
+        b = define_schedule(name="child-interrupts", cron="0 * * * *", timezone="UTC", handler=child_interrupts)
+        c = define_schedule(name="callback-exits", cron="0 * * * *", timezone="UTC", handler=callback_exits)
+    """})  # fmt: skip
+    names = {"child-exits": "SystemExit", "child-interrupts": "KeyboardInterrupt", "callback-exits": None}
+    srv = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
+                       "--token", "alice=op-secret")  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=srv.url, headers={"Authorization": "Bearer op-secret"}) as http:
+            for name in names:
+                for _ in range(2):
+                    fired = await http.post(f"/inspect/schedules/{name}/fire")
+                    assert fired.status_code == 202, fired.text
+                    run_id = fired.json()["run_id"]
+
+                    async def ended(run_id: str = run_id) -> bool:
+                        return bool((await http.get(f"/inspect/runs/{run_id}")).json()["status"] != "running")
+
+                    await until(ended, f"{name}'s run to end")
+            assert (await http.get("/healthz")).status_code == 200
+        assert srv.process.poll() is None, srv.log_text()
+    finally:
+        assert srv.stop() == 0, srv.log_text()
+    said = srv.log_text()
+    assert "SystemExit (3) was raised out of the event loop by a task or callback it ran" in said, said
+    assert "KeyboardInterrupt (KeyboardInterrupt()) was raised out of the event loop" in said, said
+    assert "SystemExit (7) was raised out of the event loop" in said, said
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    try:
+        for name, tag in names.items():
+            recorded = [(r.status, r.error_tag) for r in await store.list_runs(name, limit=10)]
+            assert recorded == [("failed", tag) if tag else ("succeeded", None)] * 2, (name, recorded)
+    finally:
+        await store.close()
+
+
 async def test_a_handler_that_stops_the_event_loop_fails_nothing_and_serve_runs_on(tmp_path: Path) -> None:
     """``loop.stop()`` in a handler ended asyncio.run: every task cancelled (the request
     that fired it answered a bare 500), the process gone. The loop runs on instead, and

@@ -17,7 +17,8 @@ from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from backend import BadInput, DefinitionError, NotFound, Refused, SchedtuiError, Unauthorized
-from backend.safetext import in_lines
+from backend.errors import describe_exception
+from backend.safetext import in_line, in_lines
 from backend.store.sqlite.file import short_of_descriptors
 from console.cli import exitwatch
 from console.cli.output import (
@@ -82,7 +83,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(verb: Coroutine[Any, Any, int], name: str) -> int:
     """``asyncio.run(verb)``, but a loop stopped from inside (a handler that called
     ``loop.stop()``) runs on: the verb has not ended, and asyncio.run would have cancelled
-    every task (the runs, the API's requests) and ended the process. Once the verb has
+    every task (the runs, the API's requests) and ended the process. So does a loop that a
+    ``SystemExit`` or ``KeyboardInterrupt`` left, raised by a task or callback it ran (a
+    handler's own task: asyncio lets these two out of the loop) rather than by the verb or
+    Ctrl-C. Once the verb has
     ended, threads a handler left running do not hold the process (see :mod:`exitwatch`:
     closing the loop joins its executor's threads)."""
     with asyncio.Runner() as runner:
@@ -97,9 +101,20 @@ def _run(verb: Coroutine[Any, Any, int], name: str) -> int:
                 logging.getLogger("schedtui").warning(
                     "the event loop was stopped by the code it ran (loop.stop() in a handler?); it runs on"
                 )
-            except KeyboardInterrupt:
-                exitwatch.arm(130, name)
-                raise
+            except (KeyboardInterrupt, SystemExit) as exc:
+                interrupts: int = getattr(runner, "_interrupt_count", 0)  # Ctrl-C's, as asyncio.Runner counts them
+                if task.done() or interrupts > 0:  # the verb's own, or Ctrl-C
+                    exitwatch.arm(130 if isinstance(exc, KeyboardInterrupt) else EXIT_FAILURE, name)
+                    raise
+                # Raised by a task or a callback the loop ran, not by the verb: asyncio lets
+                # these two out of the loop (a handler's child task that called sys.exit(),
+                # a TaskGroup's, a loop.call_soon(sys.exit)); the task has it as its
+                # exception, and whoever awaits it (the handler) fails with it.
+                tag, message, _ = describe_exception(exc)
+                logging.getLogger("schedtui").warning(
+                    "%s (%s) was raised out of the event loop by a task or callback it ran (a handler's own task?), "
+                    "not by this command: it runs on", tag, in_line(message[:200]),
+                )  # fmt: skip
             except BaseException:
                 exitwatch.arm(EXIT_FAILURE, name)
                 raise
