@@ -4,8 +4,10 @@ console use) on what it sends and what it reads, against real HTTP servers."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import struct
+import sys
 import textwrap
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -523,3 +525,53 @@ async def test_an_action_whose_answer_never_came_says_it_may_have_been_done() ->
         listener.close()
         await backend.close()
         thread.join(5)
+
+
+async def test_the_engines_own_thread_runs_on_whatever_a_handler_does_to_its_loop(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The console's engine runs on a loop of its own thread. A handler that stopped that
+    loop (``loop.stop()``), or whose own task raised ``SystemExit`` or ``KeyboardInterrupt``
+    (asyncio lets those two out of the loop), ended the thread: the run never recorded, the
+    engine dead and every later action of the console waiting for good. The loop runs on,
+    the run is recorded (the task's exception failing the handler that awaited it), and
+    the log says so."""
+
+    async def stops(ctx: RunContext) -> None:
+        asyncio.get_running_loop().stop()
+
+    async def child_exits(ctx: RunContext) -> None:
+        async def child() -> None:
+            sys.exit(3)
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(child())
+
+    async def child_interrupts(ctx: RunContext) -> None:
+        async def child() -> None:
+            raise KeyboardInterrupt
+
+        await asyncio.create_task(child())
+
+    expected = {"stops": ("succeeded", None), "child-exits": ("failed", "SystemExit"),
+                "child-interrupts": ("failed", "KeyboardInterrupt")}  # fmt: skip
+    handlers = {"stops": stops, "child-exits": child_exits, "child-interrupts": child_interrupts}
+    engine = Engine(
+        [define_schedule(name=name, cron="0 0 1 1 *", timezone="UTC", handler=handler) for name, handler in handlers.items()],
+        f"sqlite:///{tmp_path / 'state.db'}", instance="console",
+    )  # fmt: skip
+    backend = EmbeddedBackend(engine, arm=True, own_thread=True)
+    await backend.connect()
+    try:
+        for name, outcome in expected.items():
+            for _ in range(2):
+                started = await asyncio.wait_for(backend.run_now(name), 10)  # (the bound only ends a broken test)
+                ended = await asyncio.wait_for(backend.wait_run(started.id), 10)
+                assert (ended.status, ended.error_tag) == outcome, (name, ended)
+        assert (await asyncio.wait_for(backend.health(), 10)) is not None
+    finally:
+        await asyncio.wait_for(backend.close(), 20)  # (a dead engine thread never answered it)
+    said = caplog.text
+    assert "the engine's event loop was stopped by the code it ran (loop.stop() in a handler?); it runs on" in said
+    assert "SystemExit (3) was raised out of the engine's event loop by a task or callback it ran" in said
+    assert "KeyboardInterrupt (KeyboardInterrupt()) was raised out of the engine's event loop" in said

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import threading
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
@@ -18,15 +19,18 @@ from typing import Any, TypeVar
 
 from backend.client.actions import Action, check_arguments
 from backend.client.interface import Backend, ConnectionInfo
-from backend.errors import Forbidden, Unavailable
+from backend.errors import Forbidden, Unavailable, describe_exception
 from backend.events.bus import READY, STREAM, Signal, Subscription
 from backend.inputs import check_id
 from backend.model import BackfillProgress, CoordinationMode, Health, Run
+from backend.safetext import in_line
 from backend.scheduler.engine import Engine
 
 __all__ = ["EmbeddedBackend"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("schedtui.engine")
 
 #: How often a change stream that is quiet looks at its store (seconds).
 LOOK_AT_THE_STORE = 1.0
@@ -34,19 +38,44 @@ LOOK_AT_THE_STORE = 1.0
 
 @dataclass
 class _EngineThread:
-    """An event loop on its own thread, so handlers never share the caller's loop."""
+    """An event loop on its own thread, so handlers never share the caller's loop.
+
+    The loop runs until :meth:`stop`, whatever the code it runs does: a handler that stops
+    it (``loop.stop()``), or whose own task or callback raises ``SystemExit`` or
+    ``KeyboardInterrupt`` (asyncio lets those two out of the loop), ended the thread, and
+    with it the engine (the console's every action then waited for good). The loop runs
+    on, and the log says so, as under ``serve``."""
 
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
     thread: threading.Thread | None = None
+    stopping: bool = False
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=self.loop.run_forever, name="schedtui-engine", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="schedtui-engine", daemon=True)
         self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.loop.run_forever()
+            except (KeyboardInterrupt, SystemExit) as exc:
+                if self.stopping:
+                    return
+                tag, message, _ = describe_exception(exc)
+                log.warning(
+                    "%s (%s) was raised out of the engine's event loop by a task or callback it ran "
+                    "(a handler's own task?): it runs on", tag, in_line(message[:200]),
+                )  # fmt: skip
+            else:
+                if self.stopping:
+                    return
+                log.warning("the engine's event loop was stopped by the code it ran (loop.stop() in a handler?); it runs on")
 
     async def call(self, coro: Coroutine[Any, Any, T]) -> T:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
     def stop(self) -> None:
+        self.stopping = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         if self.thread is not None:
             self.thread.join(timeout=10)
