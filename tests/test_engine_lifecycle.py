@@ -124,10 +124,13 @@ def test_an_engine_started_on_a_loop_that_ended_is_refused_on_the_next(store_url
     asyncio.run(again())
 
 
+@pytest.mark.parametrize("handler_kind", ["def", "async def"])
 @pytest.mark.parametrize("kind", ["generator", "async generator"])
 async def test_a_handler_that_returns_a_generator_fails_its_run_and_its_job(
-    make_engine: MakeEngine, clock: ManualClock, kind: str
+    make_engine: MakeEngine, clock: ManualClock, kind: str, handler_kind: str
 ) -> None:
+    """An async job handler (run on a lane) that returned one was recorded ``succeeded``
+    and its job deleted as done: the check was made on a call's own task only."""
     ran: list[str] = []
 
     def body() -> Any:
@@ -142,8 +145,12 @@ async def test_a_handler_that_returns_a_generator_fails_its_run_and_its_job(
             yield 1
         return rows_async()
 
-    engine = make_engine([define_schedule(name="export", cron="0 0 1 1 *", timezone="UTC", handler=lambda ctx: body()),
-                          define_queue(name="q", handler=lambda job: body(), attempts=1)])  # fmt: skip
+    async def async_handler(ctx: Any) -> Any:
+        return body()
+
+    handler = async_handler if handler_kind == "async def" else (lambda ctx: body())
+    engine = make_engine([define_schedule(name="export", cron="0 0 1 1 *", timezone="UTC", handler=handler),
+                          define_queue(name="q", handler=handler, attempts=1)])  # fmt: skip
     await engine.start()
     run = await engine.run_now("export", wait=True)
     assert (run.status, run.error_tag) == ("failed", "TypeError")
@@ -155,6 +162,50 @@ async def test_a_handler_that_returns_a_generator_fails_its_run_and_its_job(
     assert detail.job is not None and detail.job.status == "dead"  # not deleted as done
     assert [a.error_tag for a in detail.attempts] == ["TypeError"]
     assert ran == []
+
+
+@pytest.mark.parametrize("handler_kind", ["def", "async def"])
+async def test_a_handler_that_returns_a_coroutine_it_did_not_await_has_it_awaited(
+    make_engine: MakeEngine, clock: ManualClock, handler_kind: str
+) -> None:
+    """``return send_mail(job)`` with its ``await`` left out: an async handler's run, and
+    its job (on a lane), were recorded ``succeeded`` and the job deleted as done, with the
+    work never done (a RuntimeWarning at most). The work is the awaitable, as it was for a
+    plain def already: it is awaited, in the call's own context, under its deadline, and
+    what it raises fails the call."""
+    ran: list[tuple[str, Any]] = []
+
+    async def work(what: str, payload: Any) -> str:
+        await asyncio.sleep(0)  # (it waits once: a lane carries it on)
+        ran.append((what, payload))
+        if payload == "bad":
+            raise ValueError("the work failed")
+        return "done"
+
+    def handler_for(what: str) -> Any:
+        if handler_kind == "def":
+            return lambda ctx: work(what, ctx.payload)
+
+        async def handler(ctx: Any) -> Any:
+            return work(what, ctx.payload)
+
+        return handler
+
+    engine = make_engine([
+        define_schedule(name="mail", cron="0 0 1 1 *", timezone="UTC", handler=handler_for("run"), payload="p"),
+        define_queue(name="q", handler=handler_for("job"), attempts=1),
+    ])  # fmt: skip
+    await engine.start()
+    run = await engine.run_now("mail", wait=True)
+    assert (run.status, run.error_tag) == ("succeeded", None), run
+    good, bad = await engine.jobs.send("q", "good"), await engine.jobs.send("q", "bad")
+    await engine.quiesce()
+    assert sorted(ran) == [("job", "bad"), ("job", "good"), ("run", "p")]
+    assert [a.status for a in (await engine.jobs.get_job(good.id)).attempts] == ["succeeded"]
+    failed = await engine.jobs.get_job(bad.id)
+    assert failed.job is not None and (failed.job.status, failed.job.error_tag, failed.job.error_message) == (
+        "dead", "ValueError", "the work failed"
+    )
 
 
 def test_a_second_engine_of_one_process_on_one_sqlite_file_is_told_to_share_its_slots(tmp_path: Path) -> None:

@@ -334,6 +334,27 @@ def _describe(exc: BaseException) -> tuple[str, str, str]:
     return tag, message[:MAX_ERROR_MESSAGE], trace[-MAX_TRACEBACK:]
 
 
+def _never_ran(value: Any) -> TypeError | None:
+    """The error of a handler that returned a generator (``lambda ctx: export(ctx)``,
+    ``export``'s body a generator's): its body never ran."""
+    if inspect.isgenerator(value) or inspect.isasyncgen(value):
+        return TypeError(
+            f"the handler returned a{'n async' if inspect.isasyncgen(value) else ''} generator, so its body never ran: "
+            "a handler is a def or async def without yield (iterate the generator inside it)"
+        )
+    return None
+
+
+async def _awaited_in(awaitable: Any, context: contextvars.Context) -> Any:
+    """Await ``awaitable`` with each of its steps run in ``context`` (a lane's call's own)."""
+    steps = context.run(awaitable.__await__)
+    try:
+        first = context.run(steps.send, None)
+    except StopIteration as stop:
+        return stop.value
+    return await _InContext(steps, context, first)
+
+
 class HandlerRunner:
     """Starts invocations and watches their deadlines (one watchdog loop for all).
 
@@ -439,6 +460,8 @@ class HandlerRunner:
             token = CURRENT.set(None) if self.logs is not None else None
             try:
                 value = await fn(arg)
+                if value is not None and inspect.isawaitable(value):
+                    value = await value  # `return fetch(ctx)`, its await left out: the work is the awaitable
             finally:
                 if token is not None:
                     CURRENT.reset(token)
@@ -548,6 +571,12 @@ class HandlerRunner:
                 value = stop.value
             else:
                 value = await _InContext(steps, context, first)
+            if value is not None:
+                if inspect.isawaitable(value):  # `return send(job)`, its await left out: the work is the awaitable
+                    value = await _awaited_in(value, context)
+                never_ran = _never_ran(value)
+                if never_ran is not None:
+                    raise never_ran
         except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the call, not the process
             self._raised(invocation, exc)
         else:
@@ -606,7 +635,12 @@ class HandlerRunner:
                 # On this task: its child tasks copy the capture with the rest of its context.
                 token = CURRENT.set(captured) if logs is not None else None
                 try:
-                    value = await (run_isolated(spec) if spec is not None else fn(arg))
+                    if spec is not None:
+                        value = await run_isolated(spec)
+                    else:
+                        value = await fn(arg)
+                        if value is not None and inspect.isawaitable(value):
+                            value = await value  # `return send(ctx)`, its await left out: the work is the awaitable
                 finally:
                     if token is not None:
                         CURRENT.reset(token)
@@ -614,12 +648,9 @@ class HandlerRunner:
                 value = await self._on_thread(invocation, fn, arg, captured)
                 if inspect.isawaitable(value):  # lambda ctx: send(ctx): the work is the awaitable
                     value = await value
-            if inspect.isgenerator(value) or inspect.isasyncgen(value):
-                # (lambda ctx: export(ctx), export's body a generator's): it never ran
-                raise TypeError(
-                    f"the handler returned a{'n async' if inspect.isasyncgen(value) else ''} generator, so its body never ran: "
-                    "a handler is a def or async def without yield (iterate the generator inside it)"
-                )
+            never_ran = _never_ran(value)
+            if never_ran is not None:
+                raise never_ran
         except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the run, not the process
             self._raised(invocation, exc)
         else:
