@@ -290,7 +290,9 @@ async def test_a_lane_call_cancelled_or_timed_out_ends_alone_and_the_lane_goes_o
     await loops.cancel_all()
 
 
-@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), ValueError("boom")])
+# (A CancelledError the handler raises itself, nobody having cancelled it, is its own error:
+# it was recorded `interrupted`, "the run was cancelled".)
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), ValueError("boom"), asyncio.CancelledError()])
 @pytest.mark.parametrize("wait", [False, True])
 async def test_whatever_a_lane_call_raises_fails_that_call_only(exc: BaseException, wait: bool) -> None:
     clock = ManualClock(T0)
@@ -403,7 +405,9 @@ async def test_calls_one_after_another_do_not_pile_up_in_the_watchdogs_heap() ->
 # whatever a handler raises fails its run, never the process
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["async", "sync"])
-@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), ValueError("boom"), StopIteration()])
+@pytest.mark.parametrize(
+    "exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), ValueError("boom"), StopIteration(), asyncio.CancelledError()]
+)
 async def test_any_exception_fails_the_run_and_the_next_slot_still_fires(
     make_engine: Callable[..., Engine], clock: ManualClock, kind: str, exc: BaseException
 ) -> None:

@@ -673,10 +673,11 @@ class HandlerRunner:
         return True
 
     def _raised(self, invocation: Invocation, exc: BaseException) -> None:
-        """Settle a call whose code raised (a cancellation: ``interrupted``)."""
+        """Settle a call whose code raised (a cancellation: ``interrupted``). Called on the
+        call's task (its own, its lane's, or its caller's)."""
         if type(exc) is _Carried:
             exc = exc.error
-        if issubclass(type(exc), asyncio.CancelledError):  # (not isinstance(): it reads exc.__class__)
+        if issubclass(type(exc), asyncio.CancelledError) and self._cancelled(invocation):  # (not isinstance(): it reads exc.__class__)
             invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
             return
         tag, message, trace = _describe(exc)
@@ -684,6 +685,17 @@ class HandlerRunner:
             # Its log ends as the process's stderr would: with the traceback (kept in the run too).
             invocation.write(trace if trace.endswith("\n") else trace + "\n")
         invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
+
+    @staticmethod
+    def _cancelled(invocation: Invocation) -> bool:
+        """Whether a call that raised ``CancelledError`` was cancelled (by the watchdog, a
+        stop, its engine, or whatever cancelled its task), rather than raising one of its
+        own (``raise asyncio.CancelledError``, a child task it cancelled and then awaited):
+        that one is its error like any other, not ``interrupted``."""
+        if invocation.cancels or invocation.done:
+            return True
+        task = asyncio.current_task()
+        return task is None or task.cancelling() > 0
 
     def _returned(self, invocation: Invocation, deadline: datetime, value: Any, *, warn: bool = True) -> None:
         """Settle a call whose code returned ``value``: succeeded, unless it held the event
