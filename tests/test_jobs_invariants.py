@@ -249,7 +249,12 @@ class QueueMachine(RuleBasedStateMachine):
         return live
 
     def handler_for(self, instance: str, process: list[Engine]) -> Any:
-        async def handle(job: JobContext) -> None:
+        async def handle(job: JobContext) -> Any:
+            if job.payload.get("lazy"):
+                return work(job)  # its await left out (see send_one_whose_handler_returns_its_work)
+            return await work(job)
+
+        async def work(job: JobContext) -> None:
             live = self.check_start(job, instance, process[0])
             try:
                 while True:
@@ -455,6 +460,18 @@ class QueueMachine(RuleBasedStateMachine):
             self.sent[sent.id] = (queue, key)
         else:
             assert key is not None and self.sent[sent.id] == (queue, key), "a duplicate names the job holding the key"
+        self.run(self.settle())
+
+    @rule(pick=st.integers(0, 9), queue=st.sampled_from(sorted(set(CAPS) - SYNC)), attempts=st.integers(1, 3))
+    def send_one_whose_handler_returns_its_work(self, pick: int, queue: str, attempts: int) -> None:
+        """A job whose async handler returns its work un-awaited (``return work(job)``): its
+        attempt was recorded ``succeeded`` with the work never begun (and the job deleted
+        as done). The runner awaits it: it begins, and ends as the test tells it."""
+        engine = self.any_engine(pick)
+        payload = {"n": len(self.sent), "stubborn": False, "lazy": True}
+        sent = self.run(engine.jobs.send(queue, payload, attempts=attempts))
+        assert not sent.duplicate and sent.id not in self.sent
+        self.sent[sent.id] = (queue, None)
         self.run(self.settle())
 
     @rule(pick=st.integers(0, 99), ok=st.booleans())
@@ -830,6 +847,11 @@ class QueueMachine(RuleBasedStateMachine):
                 f"an attempt of {job_id} recorded twice: {attempts}"
             )
             for attempt in attempts:
+                # A success is a handler's that began and returned (not one that handed back
+                # its work un-awaited: see send_one_whose_handler_returns_its_work).
+                assert attempt.status != "succeeded" or (job_id, attempt.attempt) in self.started, (
+                    f"attempt {attempt.attempt} of {job_id} succeeded, though no handler began it: {attempt}"
+                )
                 # (Under a name two processes have gone by, one's sweep takes the other's work
                 # over, and says so as for an earlier process of that name.)
                 taken_over = attempt.error_message != f"abandoned: {OWN_CLAIM_CLOSED}" or attempt.instance in self.renamed
