@@ -507,6 +507,59 @@ async def test_a_system_exit_or_keyboard_interrupt_a_handlers_own_task_raises_fa
         await store.close()
 
 
+async def test_a_child_a_handler_forked_that_returns_into_the_engine_ends_there_and_serve_still_stops(tmp_path: Path) -> None:
+    """An async handler that ``os.fork()``s and returns in the child (no ``os._exit``): the
+    child ran on as a copy of serve, whose event loop shares its epoll instance with the
+    parent's; as the copy wound down it took the parent's self-pipe out of it, and serve
+    was deaf to SIGINT and SIGTERM for good. The child ends where its handler returns (or
+    raises), saying so, and the run is the parent's alone."""
+    write_tree(tmp_path, {"schedules/forks.cron.py": """
+        import asyncio, os
+        from backend import define_schedule
+
+        async def forks(ctx):
+            pid = os.fork()
+            if pid == 0:
+                if ctx.payload == "raise":
+                    raise RuntimeError("failed in the child")
+                return "the child's"
+            _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+            print("child status", os.waitstatus_to_exitcode(status), flush=True)
+
+        returns = define_schedule(name="returns", cron="0 * * * *", timezone="UTC", handler=forks)
+        raises = define_schedule(name="raises", cron="0 * * * *", timezone="UTC", handler=forks, payload="raise")
+    """})  # fmt: skip
+    srv = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
+                       "--token", "alice=op-secret")  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=srv.url, headers={"Authorization": "Bearer op-secret"}) as http:
+            for name in ("returns", "raises"):
+                fired = await http.post(f"/inspect/schedules/{name}/fire")
+                assert fired.status_code == 202, fired.text
+                run_id = fired.json()["run_id"]
+
+                async def ended(run_id: str = run_id) -> bool:
+                    return bool((await http.get(f"/inspect/runs/{run_id}")).json()["status"] != "running")
+
+                await until(ended, f"{name}'s run to end")
+                log = (await http.get(f"/inspect/runs/{run_id}/log")).text
+                assert f"child status {0 if name == 'returns' else 1}" in log, log
+    finally:
+        stopped = srv.stop()  # (SIGINT: a deaf serve is killed after 15 s)
+    said = srv.log_text()
+    assert stopped == 0, said
+    assert "its handler forked this process" in said and "and returned in the child" in said, said
+    assert "and raised in the child" in said and "which ends here with exit code 1" in said, said
+    assert "was opened in process" not in said, said  # (the child's copy of the engine never used the store)
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    try:
+        for name in ("returns", "raises"):
+            assert [(r.status, r.error_tag) for r in await store.list_runs(name, limit=10)] == [("succeeded", None)]
+    finally:
+        await store.close()
+
+
 async def test_a_handler_that_stops_the_event_loop_fails_nothing_and_serve_runs_on(tmp_path: Path) -> None:
     """``loop.stop()`` in a handler ended asyncio.run: every task cancelled (the request
     that fired it answered a bare 500), the process gone. The loop runs on instead, and

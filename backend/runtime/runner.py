@@ -40,7 +40,9 @@ import heapq
 import inspect
 import itertools
 import logging
+import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -387,6 +389,8 @@ class HandlerRunner:
         """Sync handlers running on a thread right now (abandoned ones included)."""
         self.logs: RunLogs | None = None
         """Keeps what handlers log and print (per-run logs), unless capturing is off."""
+        self.pid = os.getpid()
+        """The process whose engine calls the handlers (see :meth:`_end_forked_child`)."""
 
     @property
     def abandoned(self) -> int:
@@ -394,6 +398,7 @@ class HandlerRunner:
         return sum(1 for invocation in self.lingering if invocation.thread is not None)
 
     def open(self) -> None:
+        self.pid = os.getpid()
         self._wake = asyncio.Event()
         self.loops.expect("watchdog")  # busy until it first parks
         self.loops.keep(self._watchdog, "watchdog")
@@ -672,9 +677,28 @@ class HandlerRunner:
         )  # fmt: skip
         return True
 
+    def _end_forked_child(self, invocation: Invocation, code: int) -> None:
+        """A handler that forked this process (``os.fork()``) has returned (or raised) in
+        the child: the child ends here, with ``code``. Else it ran on as a copy of the
+        engine, whose event loop shares its epoll instance with the parent's: as that copy
+        closed, it took the parent's self-pipe out of it, and ``serve`` was deaf to SIGTERM
+        (and to wake-ups from other threads) for good. (A sync handler's child runs no loop.)"""
+        if os.getpid() == self.pid:
+            return
+        with contextlib.suppress(BaseException):
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os.write(2, (
+                f"schedtui: {invocation.label}: its handler forked this process ({self.pid}) and "
+                f"{'returned' if code == 0 else 'raised'} in the child ({os.getpid()}), which ends here "
+                f"with exit code {code} (end a forked child with os._exit())\n"
+            ).encode("utf-8", "backslashreplace"))  # fmt: skip
+        os._exit(code)
+
     def _raised(self, invocation: Invocation, exc: BaseException) -> None:
         """Settle a call whose code raised (a cancellation: ``interrupted``). Called on the
         call's task (its own, its lane's, or its caller's)."""
+        self._end_forked_child(invocation, 1)
         if type(exc) is _Carried:
             exc = exc.error
         if issubclass(type(exc), asyncio.CancelledError) and self._cancelled(invocation):  # (not isinstance(): it reads exc.__class__)
@@ -700,6 +724,7 @@ class HandlerRunner:
     def _returned(self, invocation: Invocation, deadline: datetime, value: Any, *, warn: bool = True) -> None:
         """Settle a call whose code returned ``value``: succeeded, unless it held the event
         loop past its deadline (the watchdog never got to run); ``warn``: say so in the log."""
+        self._end_forked_child(invocation, 0)
         now = self.clock.now()
         if now <= deadline or invocation.done:
             invocation.settle(Outcome("succeeded", now, None, None, None, value))
