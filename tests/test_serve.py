@@ -526,14 +526,22 @@ async def test_a_child_a_handler_forked_that_returns_into_the_engine_ends_there_
             _, status = await asyncio.to_thread(os.waitpid, pid, 0)
             print("child status", os.waitstatus_to_exitcode(status), flush=True)
 
+        def forks_sync(ctx):  # (its child waited a minute on the pool's thread before)
+            pid = os.fork()
+            if pid == 0:
+                return "the child's"
+            _, status = os.waitpid(pid, 0)
+            print("child status", os.waitstatus_to_exitcode(status), flush=True)
+
         returns = define_schedule(name="returns", cron="0 * * * *", timezone="UTC", handler=forks)
         raises = define_schedule(name="raises", cron="0 * * * *", timezone="UTC", handler=forks, payload="raise")
+        sync = define_schedule(name="sync", cron="0 * * * *", timezone="UTC", handler=forks_sync)
     """})  # fmt: skip
     srv = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
                        "--token", "alice=op-secret")  # fmt: skip
     try:
         async with httpx.AsyncClient(base_url=srv.url, headers={"Authorization": "Bearer op-secret"}) as http:
-            for name in ("returns", "raises"):
+            for name in ("returns", "raises", "sync"):
                 fired = await http.post(f"/inspect/schedules/{name}/fire")
                 assert fired.status_code == 202, fired.text
                 run_id = fired.json()["run_id"]
@@ -543,18 +551,19 @@ async def test_a_child_a_handler_forked_that_returns_into_the_engine_ends_there_
 
                 await until(ended, f"{name}'s run to end")
                 log = (await http.get(f"/inspect/runs/{run_id}/log")).text
-                assert f"child status {0 if name == 'returns' else 1}" in log, log
+                assert f"child status {1 if name == 'raises' else 0}" in log, log
     finally:
         stopped = srv.stop()  # (SIGINT: a deaf serve is killed after 15 s)
     said = srv.log_text()
     assert stopped == 0, said
     assert "its handler forked this process" in said and "and returned in the child" in said, said
     assert "and raised in the child" in said and "which ends here with exit code 1" in said, said
+    assert said.count("its handler forked this process") == 3, said
     assert "was opened in process" not in said, said  # (the child's copy of the engine never used the store)
     store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
     await store.open()
     try:
-        for name in ("returns", "raises"):
+        for name in ("returns", "raises", "sync"):
             assert [(r.status, r.error_tag) for r in await store.list_runs(name, limit=10)] == [("succeeded", None)]
     finally:
         await store.close()

@@ -682,7 +682,8 @@ class HandlerRunner:
         the child: the child ends here, with ``code``. Else it ran on as a copy of the
         engine, whose event loop shares its epoll instance with the parent's: as that copy
         closed, it took the parent's self-pipe out of it, and ``serve`` was deaf to SIGTERM
-        (and to wake-ups from other threads) for good. (A sync handler's child runs no loop.)"""
+        (and to wake-ups from other threads) for good. A sync handler's child runs no loop:
+        it waited on its pool thread for a minute, holding what it inherited, then ended."""
         if os.getpid() == self.pid:
             return
         with contextlib.suppress(BaseException):
@@ -805,6 +806,7 @@ class HandlerRunner:
             finally:
                 if token is not None:
                     CURRENT.reset(token)
+            self._end_forked_child(invocation, 0 if error is None else 1)  # (it lingered on its pool thread)
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
                 loop.call_soon_threadsafe(returned, result, error)
 
