@@ -347,6 +347,52 @@ async def test_a_lapse_with_a_sync_handler_running_ends_the_process(
         release.set()
 
 
+@pytest.mark.parametrize("returns", [False, True], ids=["runs-on", "returns-in-time"])
+async def test_a_sync_handler_left_running_by_a_stop_ends_the_process_when_the_lease_would_lapse(
+    make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture, returns: bool
+) -> None:
+    """An engine stopped while a sync handler runs (a thread cannot be stopped) stays
+    registered and beats no more: the others take its job over once its heartbeat is older
+    than the window. A process that went on after the stop (an embedded engine stopped and
+    started again) ran the handler beside its retry. It now ends when the lease would have
+    lapsed if the handler still runs; a handler that returned first ends nothing."""
+    ended = threading.Event()
+    codes: list[int] = []
+    lease_clock = LeaseClock()
+    release, entered = threading.Event(), threading.Event()
+
+    def handler(job: JobContext) -> None:
+        entered.set()
+        release.wait(30)
+
+    def end_process(code: int) -> None:
+        codes.append(code)
+        ended.set()
+
+    engine = make_engine([define_queue(name="q", handler=handler)], lease_clock=lease_clock)
+    engine.end_process = end_process
+    await engine.start()
+    await engine.jobs.send("q", "x")
+    await engine.quiesce(runs=False)
+    await asyncio.to_thread(entered.wait, 10)
+    try:
+        await engine.stop(grace=0)
+        watch = engine.after_stop
+        assert watch is not None and watch.is_alive() and not codes  # (within the lease: it runs on)
+        if returns:
+            release.set()
+            await asyncio.to_thread(watch.join, 10)  # it sees the handler gone and ends
+            assert not watch.is_alive()
+        lease_clock.now += 20  # past the renewal bound of the 30 s window
+        if returns:
+            assert not codes
+        else:
+            assert await asyncio.to_thread(ended.wait, 10) and codes == [75]
+            assert "ENDING THE PROCESS: 1 sync handler(s) still run after this engine stopped" in caplog.text
+    finally:
+        release.set()
+
+
 async def test_a_lapse_with_an_async_handler_that_ignores_its_cancellation_ends_the_process(
     make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -386,6 +386,10 @@ class HandlerRunner:
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self.threads_running = 0
+        self.in_code: set[int] = set()
+        """The threads running a sync handler's code now, kept by the threads themselves (a
+        set's add and discard are atomic): true after the loop is gone, which
+        :attr:`threads_running` (counted on the loop) is not."""
         """Sync handlers running on a thread right now (abandoned ones included)."""
         self.logs: RunLogs | None = None
         """Keeps what handlers log and print (per-run logs), unless capturing is off."""
@@ -799,11 +803,14 @@ class HandlerRunner:
             threading.current_thread().name = invocation.thread_name
             # On this thread: the threads the handler starts copy it (see backend.observability.capture).
             token = CURRENT.set(captured) if capturing else None
+            ident = threading.get_ident()
+            self.in_code.add(ident)
             try:
                 result, error = fn(arg), None
             except BaseException as exc:  # noqa: B036 - handed to the loop, recorded there
                 result, error = None, exc
             finally:
+                self.in_code.discard(ident)
                 if token is not None:
                     CURRENT.reset(token)
             self._end_forked_child(invocation, 0 if error is None else 1)  # (it lingered on its pool thread)

@@ -45,6 +45,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any, Literal, cast
@@ -287,6 +288,9 @@ class Engine(EngineReads, EngineActions):
         cannot be stopped; the process ending stops it)."""
         self.end_process: Callable[[int], None] = os._exit
         """How the process ends itself then (a test replaces it)."""
+        self.after_stop: threading.Thread | None = None
+        """The thread that ends the process if sync handlers left running by :meth:`stop`
+        outlive the lease (see :mod:`backend.scheduler.lifecycle`)."""
         self.loop_watch: LoopWatch | None = None
         """The thread that ends the process if the lease lapses while a handler blocks the
         event loop (see :mod:`backend.runtime.loopwatch`); started with the lease, on real time."""

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from backend.errors import Refused, Unavailable
@@ -340,6 +341,36 @@ async def stop_engine(engine: Engine, grace: float) -> None:
     if engine.loop_watch is not None:
         engine.loop_watch.stop()
         engine.loop_watch = None
+    if engine.runner.in_code and engine.lease.remaining is not None:
+        engine.after_stop = threading.Thread(
+            target=_end_if_threads_outlive_the_lease, args=(engine,), name="schedtui-after-stop", daemon=True
+        )
+        engine.after_stop.start()
+
+
+def _end_if_threads_outlive_the_lease(engine: Engine) -> None:
+    """After the stop, on a thread of its own (the loop may be gone): sync handlers that
+    still run end the process when the lease would have lapsed, as a running engine's do.
+    The stopped instance renews its lease no more and stays registered, so the others take
+    its work over once its heartbeat is older than the take-over window: a process that
+    went on after an engine's stop (an embedded engine, stopped and started again, or a web
+    app shutting down one part) ran such a handler beside its retry."""
+    lease, runner, wake = engine.lease, engine.runner, threading.Event()
+    while True:
+        running, remaining = len(runner.in_code), lease.remaining
+        if not running or remaining is None:
+            return
+        if remaining <= 0:
+            _end_process(
+                engine, f"{running} sync handler(s) still run after this engine stopped and a thread cannot be stopped",
+                "the stopped engine renews it no more",
+            )  # fmt: skip
+            return
+        wake.wait(min(remaining, AFTER_STOP_EVERY))
+
+
+#: How often (seconds) the watch after a stop looks at the handlers left running.
+AFTER_STOP_EVERY = 0.25
 
 
 async def _fire_current_lost_slots(engine: Engine, grace: float) -> float:
