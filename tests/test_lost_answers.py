@@ -23,6 +23,7 @@ from backend import Unavailable
 from backend.alerts.store import Delivery
 from backend.durable.store import Finish, NewExecution, StepRecord, Suspend, Write
 from backend.ids import IdFactory
+from backend.jobs.model import NotDead
 from backend.jobs.store import NewJob
 from backend.model import BackfillProgress, Claim, Run, slot_key
 from backend.scheduler.stored import StoredSchedule
@@ -119,6 +120,55 @@ async def test_a_retry_whose_answer_was_lost_answers_the_job_it_put_back(
         job.id, "queued", 0, later
     )  # fmt: skip
     (again,) = await claim(js, at=later)
+    assert (again.id, again.attempt) == (job.id, 1)
+
+
+async def test_a_retry_of_a_job_not_dead_whose_answer_was_lost_answers_not_dead(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sent again, the retry of a job that was not dead took a job queued (or claimed) from
+    the retry's own instant for its own doing: a send also queues its job from its instant
+    (a job sent with no delay, retried as it came in). The operator was told "retried" of a
+    job that never died, and an audit entry said so."""
+    js = await define(store, attempts=1)
+    job = NewJob(ids(), "null", T0, None)
+    await js.send_jobs("mail", [job], T0)
+    relay.lose_reply(b"queued")  # the retry's answer: the status it found
+    with pytest.raises(NotDead, match="is queued, not dead"):
+        await js.retry_job("mail", job.id, T0)
+    assert sent_again(relay, caplog)
+    (c,) = await claim(js)
+    relay.lose_reply(b"running")
+    with pytest.raises(NotDead, match="is running, not dead"):
+        await js.retry_job("mail", job.id, T0)
+    assert sent_again(relay, caplog)
+    running = await js.get_job(job.id)
+    assert running is not None and (running.status, running.attempt) == ("running", c.attempt)
+
+
+async def test_a_retry_whose_answer_was_lost_after_another_in_its_instant_is_in_doubt(
+    store: PostgresStore, relay: FreezableRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two retries of a dead job in one instant (two operators, a clock's coarse tick): the
+    second, its answer lost, found the job queued again from its instant and answered it
+    retried, its own doing or not (claimed since, it answered the job running). It can tell
+    its own retry from another's now; another's it may not call its own, nor "not dead"."""
+    js = await define(store, attempts=1)
+    job = NewJob(ids(), "null", T0, None)
+    await js.send_jobs("mail", [job], T0)
+    (c,) = await claim(js)
+    await js.finish_jobs([finish(c, "dead", T0, tag="Boom")])
+    later = T0 + timedelta(hours=2)
+    assert await js.retry_job("mail", job.id, later) is not None  # another operator's
+    relay.lose_reply(b"queued")  # the second retry's answer: the status it found
+    with pytest.raises(Unavailable, match="lost the answer of a job's retry, which may have been done all the same"):
+        await js.retry_job("mail", job.id, later)
+    assert sent_again(relay, caplog)
+    (again,) = await claim(js, at=later)
+    relay.lose_reply(b"running")
+    with pytest.raises(Unavailable, match="look before retrying it again"):
+        await js.retry_job("mail", job.id, later)
+    assert sent_again(relay, caplog)
     assert (again.id, again.attempt) == (job.id, 1)
 
 

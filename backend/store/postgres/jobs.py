@@ -51,6 +51,7 @@ import contextlib
 import json
 import logging
 import random
+import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -489,17 +490,24 @@ RETRY_DEAD = f"""
     ),
     retried AS (
         UPDATE schedtui_jobs j SET status = 'queued', attempt = 0, run_after = %(at)s, dead_at = NULL,
-            error_tag = NULL, error_message = NULL
+            error_tag = NULL, error_message = NULL, token = %(mark)s
         FROM target t WHERE j.id = t.id AND t.status = 'dead'
         RETURNING {", ".join(f"j.{c}" for c in JOB_FIELDS)}
     )
     SELECT t.status, r.* FROM target t LEFT JOIN retried r ON true
 """
 #: A dead job's retry that a sending of it before applied (see ``PostgresJobs.retry_job``):
-#: queued again from the retry's own instant (only a retry sets ``run_after`` to it).
+#: whether it is the retry's own doing (its mark, the token of a queued job, which a claim
+#: replaces), and the job: alive again from the retry's instant, its last recorded attempt
+#: still the one it died of (only a retry brings a dead job back). The instant alone is no
+#: proof: a job sent with no delay is queued from its send's instant (a job never dead was
+#: answered retried, running even), and another retry may come in the same instant.
 RETRIED = f"""
-    SELECT {", ".join(JOB_FIELDS)} FROM schedtui_jobs
+    SELECT coalesce(token = %(mark)s, false), {", ".join(JOB_FIELDS)} FROM schedtui_jobs j
     WHERE queue = %(queue)s AND id = %(id)s AND NOT deleted AND dead_at IS NULL AND run_after = %(at)s
+        AND (token = %(mark)s OR (
+            SELECT a.status = 'failed' AND a.attempt = j.max_attempts FROM schedtui_job_attempts a
+            WHERE a.job_id = j.id ORDER BY a.seq DESC LIMIT 1))
 """
 PAUSE = "UPDATE schedtui_queues SET paused = %s, changed_by = %s, changed_at = %s WHERE name = %s"
 QUEUE_VIEWS = f"""
@@ -1239,7 +1247,8 @@ class PostgresJobs:
     # it was, it found its own doing and told the operator "no such job" or "not dead".
     # Sent again, one that finds its job still to act on acts; a cancel or a delete that
     # finds none may have done it (its row is gone) and says so rather than "not found";
-    # a retry finds the job queued again from its own instant.
+    # a retry finds the job it brought back from the dead by its mark (RETRIED), and says
+    # so where the job came back and the mark is gone (claimed since, or another's retry).
     async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
         sql, value = (CANCEL_BY_KEY, key) if id is None else (CANCEL_BY_ID, id)
 
@@ -1267,14 +1276,15 @@ class PostgresJobs:
 
         return bool(await self._again(first, again))
 
-    def _in_doubt(self, action: str, doing: str) -> Unavailable:
+    def _in_doubt(self, action: str, doing: str, found: str = "the job is gone") -> Unavailable:
         return store_unavailable(
             self.where, f"{{store}} lost the answer of a job's {action}, which may have been done all the same "
-            f"(the job is gone): look before {doing} it again"
+            f"({found}): look before {doing} it again"
         )  # fmt: skip
 
     async def retry_job(self, queue: str, job_id: str, at: datetime) -> Job | None:
-        params = {"queue": queue, "id": job_id, "at": at}
+        # (The mark: no claim's token has a space.)
+        params = {"queue": queue, "id": job_id, "at": at, "mark": f"retry {secrets.token_hex(8)}"}
 
         async def first(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             rows: list[tuple[Any, ...]] = await (await conn.execute(RETRY_DEAD, params)).fetchall()
@@ -1282,7 +1292,11 @@ class PostgresJobs:
 
         async def again(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             row = await (await conn.execute(RETRIED, params)).fetchone()
-            return [("dead", *row)] if row is not None else await first(conn)
+            if row is None:
+                return await first(conn)
+            if not row[0]:  # claimed since, or another retry's doing
+                raise self._in_doubt("retry", "retrying", "the job is back in its queue")
+            return [("dead", *row[1:])]
 
         rows = await self._again(first, again)
         if not rows:
