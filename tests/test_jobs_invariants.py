@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import os
 import shutil
@@ -98,6 +99,12 @@ class Live:
     ok: list[bool] = field(default_factory=list)
 
 
+#: The store's writes that :attr:`CutStore.sent_twice` sends twice (those on its pool: the
+#: cycles and sends go on connections of their own while one is free).
+SENT_TWICE = frozenset({"cancel_job", "delete_job", "retry_job", "finish_jobs", "cycle_jobs", "send_jobs", "pause_queue"})
+_SENDING_TWICE: contextvars.ContextVar[bool] = contextvars.ContextVar("sending_twice", default=False)
+
+
 class CutStore:
     """An engine's store whose calls all fail while its engine is cut off (a partition of
     that one worker); handing runs in and flushing still work, as with the real stores.
@@ -128,6 +135,22 @@ class CutStore:
         this is set, whatever the client does meanwhile (its answer is then on its way)."""
         self.held_claimed: list[Any] = []
         """What those claims took."""
+        self.sent_twice = 0
+        """The next so many writes of :data:`SENT_TWICE` (PostgreSQL) send each of their
+        statements on the pool twice: the first commits and its answer is lost, and the store
+        sends it again on a fresh connection, as it does after a connection broken in flight
+        (``_with_conn``). The first sending runs to its end here, where a broken connection
+        cuts it short after its commit: a send's second sending is SEND, not SEND_AGAIN (they
+        differ only for a job that ran and is gone in between, which no step here does)."""
+        sending = getattr(inner, "_with_conn", None)
+        if sending is not None:
+
+            async def with_conn(fn: Any, **kwargs: Any) -> Any:
+                if _SENDING_TWICE.get():
+                    await sending(fn, **kwargs)  # (committed, its answer lost)
+                return await sending(fn, **kwargs)
+
+            inner._with_conn = with_conn
 
     async def read_late(self, rounds: int) -> None:
         """The sweep reads the running jobs now; the answer comes ``rounds`` rounds later."""
@@ -169,7 +192,15 @@ class CutStore:
                     return []
                 old, self.old_read = self.old_read, None
                 return old
-            result = await value(*args, **kwargs)
+            if name in SENT_TWICE and self.sent_twice > 0:
+                self.sent_twice -= 1
+                twice = _SENDING_TWICE.set(True)
+                try:
+                    result = await value(*args, **kwargs)
+                finally:
+                    _SENDING_TWICE.reset(twice)
+            else:
+                result = await value(*args, **kwargs)
             if name in ("cycle_jobs", "finish_jobs") and self.lose_answers:
                 self.lose_answers -= 1
                 raise Unavailable("the connection broke after the commit (test)")
@@ -566,7 +597,7 @@ class QueueMachine(RuleBasedStateMachine):
         nothing due waits (no job stuck, whatever the faults before)."""
         for store in self.stores.values():
             store.cut = store.cut_after_claim = False
-            store.lose_answers = 0
+            store.lose_answers = store.sent_twice = 0
             store.answers_arrive()
         for wall in self.walls.values():
             wall.offset = timedelta(0)
@@ -644,7 +675,13 @@ class QueueMachine(RuleBasedStateMachine):
         queued = {j.id for j in before if j.queue == queue and j.status == "queued" and
                   (j.key == key if by_key else j.id == job_id)}  # fmt: skip
         jobs = self.any_engine(pick).jobs
-        cancelled = self.run(jobs.cancel(queue, key=key) if by_key else jobs.cancel(queue, job_id))
+        try:
+            cancelled = self.run(jobs.cancel(queue, key=key) if by_key else jobs.cancel(queue, job_id))
+        except Unavailable:  # its answer lost, sent again, it found the job gone: maybe its doing
+            left = {j.id for j in self.run(self.store_jobs())}
+            self.gone |= queued - left
+            self.run(self.settle())
+            return
         assert cancelled == bool(queued), (job_id, key, by_key, queued)
         self.gone |= queued
         self.run(self.settle())
@@ -658,6 +695,11 @@ class QueueMachine(RuleBasedStateMachine):
             self.run(self.any_engine(pick).jobs.delete(queue, job_id))
         except NotFound:
             return
+        except Unavailable:  # its answer lost, sent again, it found the job gone: maybe its doing
+            if job_id not in {j.id for j in self.run(self.store_jobs())}:
+                self.gone.add(job_id)
+            self.run(self.settle())
+            return
         self.gone.add(job_id)
         self.run(self.settle())
 
@@ -669,6 +711,11 @@ class QueueMachine(RuleBasedStateMachine):
         try:
             job = self.run(self.any_engine(pick).jobs.retry(queue, job_id))
         except (NotFound, NotDead):
+            return
+        except Unavailable:  # its answer lost, sent again, it found the job back: maybe its doing
+            if job_id in {j.id for j in self.run(self.store_jobs()) if j.status != "dead"}:
+                self.retried[job_id] += 1
+            self.run(self.settle())
             return
         assert (job.status, job.attempt) == ("queued", 0)
         self.retried[job_id] += 1
@@ -862,11 +909,20 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 class PostgresQueueMachine(QueueMachine):
-    """The same on PostgreSQL: claims of two instances are concurrent transactions there."""
+    """The same on PostgreSQL: claims of two instances are concurrent transactions there,
+    and the store sends a statement again after a connection broke with it in flight."""
 
     def store_url(self) -> str:
         assert pg.ACTIVE is not None
         return pg.ACTIVE.create_database("inv", migrated=True)
+
+    @rule(pick=st.integers(0, 9), writes=st.integers(1, 4))
+    def the_store_sends_its_writes_again(self, pick: int, writes: int) -> None:
+        """The next writes of one worker's store (an operator's action through it, its
+        sweep's ends, a cycle or a send on the pool) commit and lose their answers, and the
+        store sends each again: none may lose a job, run one twice at once or record an
+        attempt twice, nor tell the operator something false."""
+        self.stores[self.any_engine(pick).instance].sent_twice = writes
 
 
 def bounded(examples: int) -> settings:
