@@ -292,7 +292,11 @@ def test_an_engine_in_your_own_process(tmp_path: Path, monkeypatch: pytest.Monke
     exec(compile(block.text, f"README.md:{block.line}", "exec"), namespace)  # its own asyncio.run(main())
 
     async def after() -> None:
+        # It stands in for `schedtui serve`: the folder's queue was run too (recorded by the
+        # engine that runs it), not its schedules alone. (Before a connect with the folder,
+        # which would record it; one without records nothing.)
         async with connect("sqlite:///.schedtui/state.db") as st:
+            assert [queue.name for queue in await st.jobs.queues()] == ["mailer"]
             runs, _ = await st.schedules.runs("daily-digest")
             assert [(r.trigger, r.status) for r in runs] == [("manual", "succeeded")]
 
