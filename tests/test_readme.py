@@ -210,6 +210,7 @@ async def run_definitions(folder: Path, store: str) -> Facts:
         await engine.quiesce()
         execution = await st.durable.get(started.id)
         assert (execution.status, execution.waiting_for) == ("waiting", "signal:approval")
+        assert len(execution.steps or []) == 5  # (`schedtui durable show …  # 5 steps; waiting for signal:approval`)
         await st.durable.signal(started.id, "approval", {"by": "ops"})
         await engine.quiesce()
         execution = await st.durable.get(started.id)
@@ -320,6 +321,35 @@ async def test_connect_takes_locks(tmp_path: Path) -> None:
     names = await run_async_block("connect: locks", one_block("connect: locks"), store=store)
     assert names["res"].acquired and names["res"].error is None
     assert names["lease"].token
+
+
+#: The README's synchronous form of the connect blocks ("`with connect_sync(...) as st:`
+#: with the same methods, blocking"; for locks "the same calls, blocking; the work runs in
+#: your thread"): each replacement, in order.
+SYNC_FORM = [
+    ("async with connect(", "with connect_sync("), ("from backend import connect", "from backend import connect_sync"),
+    ("await ", ""), ("async def ", "def "), ("async with ", "with "),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["connect: schedules", "connect: jobs", "connect: locks"])
+def test_the_connect_blocks_run_with_connect_sync(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    asyncio.run(run_definitions(folder_with_definitions(tmp_path), store))
+    monkeypatch.chdir(tmp_path)
+    block = one_block(kind)
+    code = substituted(kind, block.text, store=store)
+    for async_form, sync_form in SYNC_FORM:
+        code = code.replace(async_form, sync_form)
+    assert "await" not in code and "async" not in code
+    names: dict[str, Any] = dict(GIVEN.get(kind, {}))
+    exec(compile(code, f"README.md:{block.line}", "exec"), names)
+    if kind == "connect: schedules":
+        assert (names["run"].status, names["plan"].count) == ("succeeded", 7)
+    elif kind == "connect: jobs":
+        assert names["sent"].duplicate is False
+    else:
+        assert names["res"].acquired and names["res"].error is None
 
 
 # ---------------------------------------------------------------------------------------
