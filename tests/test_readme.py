@@ -30,10 +30,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import backend
 from backend import Client, Engine, ManualClock, connect, discover, discover_definitions
+from backend.alerts.notifier import AlertSettings
 from console.cli.output import UsageError
 from console.cli.parsing import build_parser, parse_args
 from tests.servers import _environ, cli_env, run_main
@@ -100,7 +102,7 @@ GIVEN: dict[str, dict[str, Any]] = {
 ALERT_PRELUDE = """\
 from backend import define_durable, define_queue, define_schedule
 
-async def export(ctx): pass
+async def export(ctx): raise ConnectionError("vendor API down")
 async def send_mail(job): pass
 async def nightly_sync(ctx, input): pass
 async def poke(ctx): pass
@@ -269,6 +271,44 @@ async def test_the_alert_settings_are_accepted(tmp_path: Path) -> None:
         assert views["nightly-export"].alert == {"failing": 2, "late": 3600, "disabled": False, "resolve_after": 900}
     finally:
         await engine.stop()
+
+
+async def test_a_failing_alert_is_posted_as_the_readme_shows(tmp_path: Path) -> None:
+    """The alert block's nightly-export, failing two nights running, posts the README's
+    JSON: field for field, but for the transition's id (new each time) and the time the
+    transition was seen (the README's is 15 s after the slot; within the minute here)."""
+    (readme_json,) = [b for b in readme_blocks() if b.lang == "json" and '"alert": "failing"' in b.text]
+    shown = json.loads(readme_json.text)
+    folder = tmp_path / "alerting"
+    folder.mkdir()
+    (folder / "alerts.cron.py").write_text(ALERT_PRELUDE + one_block("alert settings").text, encoding="utf-8")
+    bodies: list[dict[str, Any]] = []
+
+    def webhook(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200)
+
+    clock = ManualClock("2026-11-29T02:59:00Z")
+    engine = Engine(
+        discover_definitions(folder), f"sqlite:///{tmp_path / 'state.db'}", clock=clock, instance=shown["instance"],
+        alerting=AlertSettings(sinks=("https://hooks.example.test/T000/secret",)),
+        alert_transport=httpx.MockTransport(webhook),
+    )  # fmt: skip
+    await engine.start()
+    try:
+        for slot in ("2026-11-29T03:00:00Z", "2026-11-30T03:00:00Z"):
+            clock.set(slot)
+            await engine.quiesce()
+        while not [b for b in bodies if b["alert"] == "failing"] and clock.now() < datetime(2026, 11, 30, 3, 1, tzinfo=UTC):
+            clock.advance(5)
+            await engine.quiesce()
+    finally:
+        await engine.stop()
+    (posted,) = [b for b in bodies if b["alert"] == "failing"]
+    assert re.fullmatch(r"2026-11-30T03:00:[0-5]\dZ", posted["since"]), posted["since"]
+    expected = dict(shown, transition=posted["transition"], since=posted["since"],
+                    text=shown["text"].replace(shown["since"], posted["since"]))  # fmt: skip
+    assert posted == expected
 
 
 async def test_connect_acts_on_schedules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
