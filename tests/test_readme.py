@@ -7,12 +7,15 @@ tested. What is not literal is said here, each in its own named list:
   own names and run by an engine on SQLite and a :class:`~backend.clock.ManualClock`; the
   ``connect(...)`` / ``Engine(...)`` blocks run inside an async function (they are written
   with a top-level ``await``), with the substitutions of :data:`SUBSTITUTIONS` and the names
-  of :data:`GIVEN` defined; ``...`` stays as it is (it is Python);
+  of :data:`GIVEN` defined; ``...`` stays as it is (it is Python); the ``connect`` blocks
+  again in their synchronous form (``connect_sync``, :data:`SYNC_FORM`); the alert block's
+  schedule, failing, posts the README's webhook JSON;
 - the shell blocks: every ``schedtui`` command line, its ``[optional]``, ``(a | b)`` and
   ``a|b`` parts expanded, its placeholders (``RUN_ID``) filled in (:func:`_value`), is
   parsed by the real command line; every one but those of :data:`NOT_RUN` is run for real
   against a local SQLite store holding the README's own definitions (and each command's
-  ``--help`` is shown); every other shell line is in :data:`NOT_COMMANDS`, with why.
+  ``--help`` is shown); every other shell line is in :data:`NOT_COMMANDS`, with why; the
+  prose's ``schedtui … --option`` spans are parsed too.
 """
 
 from __future__ import annotations
