@@ -41,7 +41,7 @@ from backend import Client, Engine, ManualClock, connect, discover, discover_def
 from backend.alerts.notifier import AlertSettings
 from console.cli.output import UsageError
 from console.cli.parsing import build_parser, parse_args
-from tests.servers import _environ, cli_env, run_main
+from tests.servers import cli_env, run_main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -635,9 +635,14 @@ def with_files(argv: list[str], root: Path) -> list[str]:
     return out
 
 
+#: The environment's settings the README's lines do without (its defaults are what they use).
+UNSET = ("SCHEDTUI_STORE", "SCHEDTUI_SCHEDULES", "SCHEDTUI_URL", "SCHEDTUI_TOKEN", "SCHEDTUI_READ_TOKEN",
+         "SCHEDTUI_LOG_FILE", "SCHEDTUI_LOG_LEVEL")  # fmt: skip
+
+
 def _environment() -> dict[str, str]:
     env = cli_env()
-    for name in ("SCHEDTUI_STORE", "SCHEDTUI_SCHEDULES", "SCHEDTUI_LOG_FILE", "SCHEDTUI_LOG_LEVEL"):
+    for name in UNSET:
         env.pop(name, None)
     return env
 
@@ -659,18 +664,19 @@ def test_every_command_line_is_one_the_parser_takes(tmp_path: Path, monkeypatch:
     lines = command_lines() + inline_command_lines()
     assert len(lines) > 60
     refused = []
-    with _environ(_environment()):
-        for line in lines:
-            for argv in variants(line.text):
-                full = with_files(concrete(argv, facts, facts.run), tmp_path)
-                try:
-                    parse_args(full)
-                except UsageError as exc:
-                    refused.append(f"README.md:{line.line}: schedtui {shlex.join(full)}: {exc}")
-                except SystemExit as exc:  # (argparse's own exit: --help, --version)
-                    if exc.code == 0 and {"--help", "--version"} & set(full):
-                        continue
-                    refused.append(f"README.md:{line.line}: schedtui {shlex.join(full)}: exit {exc.code}")
+    for name in UNSET:
+        monkeypatch.delenv(name, raising=False)
+    for line in lines:
+        for argv in variants(line.text):
+            full = with_files(concrete(argv, facts, facts.run), tmp_path)
+            try:
+                parse_args(full)
+            except UsageError as exc:
+                refused.append(f"README.md:{line.line}: schedtui {shlex.join(full)}: {exc}")
+            except SystemExit as exc:  # (argparse's own exit: --help, --version)
+                if exc.code == 0 and {"--help", "--version"} & set(full):
+                    continue
+                refused.append(f"README.md:{line.line}: schedtui {shlex.join(full)}: exit {exc.code}")
     assert not refused, "\n".join(refused)
 
 
