@@ -431,6 +431,22 @@ async def test_what_was_wrong_with_an_answer_is_named(info: Mapping[str, Any], p
     )
 
 
+async def test_an_idle_connection_is_let_go_before_the_server_closes_it() -> None:
+    """A create sent from the console on a connection idle for the server's keep-alive
+    (5 s, httpx's default too) met the server closing it: ReadError, and "it may have been
+    done all the same" for a create that never reached the server (seen under load). The
+    client lets an idle connection go well before the server does."""
+    from backend.api.server import KEEP_ALIVE
+    from backend.client.remote import KEEPALIVE_EXPIRY
+
+    backend = RemoteBackend("http://127.0.0.1:9")
+    try:
+        pool = backend._client._transport._pool  # type: ignore[attr-defined]  # (httpx's own pool)
+        assert pool._keepalive_expiry == KEEPALIVE_EXPIRY <= KEEP_ALIVE / 2
+    finally:
+        await backend.close()
+
+
 async def test_a_read_the_server_let_time_out_is_not_sent_again_but_one_reset_is() -> None:
     """A frozen server (SIGSTOP) accepts connections and answers nothing: each read waited
     its 10 s timeout four times over (its three retries), so a command line hung 42 s and

@@ -45,6 +45,11 @@ __all__ = ["RemoteBackend", "check_server_url", "check_token"]
 T = TypeVar("T")
 
 _READ_RETRIES = (0.2, 0.5, 1.0)
+#: Seconds an idle connection is kept for the next request: below the server's 5
+#: (``backend.api.server.KEEP_ALIVE``). At httpx's default, also 5, a request sent on a
+#: connection idle that long met the server closing it: the read failed, and an action
+#: (a create, a Run now) said it "may have been done all the same" (seen under load).
+KEEPALIVE_EXPIRY = 2.0
 #: Seconds the event stream may stay silent before it counts as broken (the server pings
 #: every 15 s).
 EVENTS_SILENCE = 40.0
@@ -85,7 +90,10 @@ class RemoteBackend(Backend):
         self.read_only = read_only
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.token_sent = bool(token)
-        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        self._client = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport,
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY),
+        )  # fmt: skip
         self._timeout = timeout
         self._read_retries = read_retries
         self._info: ConnectionInfo | None = None
