@@ -386,11 +386,11 @@ class HandlerRunner:
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self.threads_running = 0
+        """Sync handlers running on a thread right now (abandoned ones included)."""
         self.in_code: set[int] = set()
         """The threads running a sync handler's code now, kept by the threads themselves (a
         set's add and discard are atomic): true after the loop is gone, which
         :attr:`threads_running` (counted on the loop) is not."""
-        """Sync handlers running on a thread right now (abandoned ones included)."""
         self.logs: RunLogs | None = None
         """Keeps what handlers log and print (per-run logs), unless capturing is off."""
         self.pid = os.getpid()
