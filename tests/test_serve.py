@@ -446,6 +446,19 @@ async def test_a_request_path_is_logged_escaped(caplog: pytest.LogCaptureFixture
     assert message == "unexpected error in GET /inspect/runs/x\\nFAKE log line\\x1b[2J"
 
 
+async def fire_until_ended(http: httpx.AsyncClient, name: str) -> str:
+    """Run ``name`` now through the API and wait until its run has ended; its id."""
+    fired = await http.post(f"/inspect/schedules/{name}/fire")
+    assert fired.status_code == 202, fired.text
+    run_id: str = fired.json()["run_id"]
+
+    async def ended() -> bool:
+        return bool((await http.get(f"/inspect/runs/{run_id}")).json()["status"] != "running")
+
+    await until(ended, f"{name}'s run to end")
+    return run_id
+
+
 async def test_a_system_exit_or_keyboard_interrupt_a_handlers_own_task_raises_fails_its_run_not_serve(tmp_path: Path) -> None:
     """asyncio lets ``SystemExit`` and ``KeyboardInterrupt`` out of the loop when a task or a
     callback raises them: a handler whose TaskGroup child called ``sys.exit(3)`` ended
@@ -481,14 +494,7 @@ async def test_a_system_exit_or_keyboard_interrupt_a_handlers_own_task_raises_fa
         async with httpx.AsyncClient(base_url=srv.url, headers={"Authorization": "Bearer op-secret"}) as http:
             for name in names:
                 for _ in range(2):
-                    fired = await http.post(f"/inspect/schedules/{name}/fire")
-                    assert fired.status_code == 202, fired.text
-                    run_id = fired.json()["run_id"]
-
-                    async def ended(run_id: str = run_id) -> bool:
-                        return bool((await http.get(f"/inspect/runs/{run_id}")).json()["status"] != "running")
-
-                    await until(ended, f"{name}'s run to end")
+                    await fire_until_ended(http, name)
             assert (await http.get("/healthz")).status_code == 200
         assert srv.process.poll() is None, srv.log_text()
     finally:
@@ -542,14 +548,7 @@ async def test_a_child_a_handler_forked_that_returns_into_the_engine_ends_there_
     try:
         async with httpx.AsyncClient(base_url=srv.url, headers={"Authorization": "Bearer op-secret"}) as http:
             for name in ("returns", "raises", "sync"):
-                fired = await http.post(f"/inspect/schedules/{name}/fire")
-                assert fired.status_code == 202, fired.text
-                run_id = fired.json()["run_id"]
-
-                async def ended(run_id: str = run_id) -> bool:
-                    return bool((await http.get(f"/inspect/runs/{run_id}")).json()["status"] != "running")
-
-                await until(ended, f"{name}'s run to end")
+                run_id = await fire_until_ended(http, name)
                 log = (await http.get(f"/inspect/runs/{run_id}/log")).text
                 assert f"child status {1 if name == 'raises' else 0}" in log, log
     finally:
