@@ -4,6 +4,7 @@ by another engine sharing the store on its state poll."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from backend.events.audit import acting_as
 from backend.jobs import JobContext, define_queue
 from backend.model import ScheduleView
 from backend.scheduler.stored import DefinedInCode, NameTaken, NotValidHere, StoredSchedule, check_spec
+from backend.schedules import QueueTarget, RunContext
 from tests.conftest import all_runs
 from tests.test_engine import schedule
 
@@ -208,6 +210,69 @@ async def test_delete_stops_it_and_disable_enable_works(make_engine: Callable[..
     assert "reap" not in engine.schedules
     with pytest.raises(NotFound):
         await engine.delete_schedule("reap")
+
+
+class HeldSends:
+    """Holds each job a backfill's run sends until the test lets it go, noting its slot and
+    payload: the backfill's run stays in flight meanwhile."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = asyncio.Event()
+        self.go = asyncio.Event()
+        self.sent: list[tuple[str, Any]] = []
+        real = QueueTarget.__call__
+
+        async def held(target: QueueTarget, ctx: RunContext) -> None:
+            if ctx.trigger == "manual":
+                self.entered.set()
+                await self.go.wait()
+                self.sent.append((ctx.scheduled_at.strftime("%H:%M"), ctx.payload))
+            await real(target, ctx)
+
+        monkeypatch.setattr(QueueTarget, "__call__", held)
+
+
+@pytest.mark.parametrize("again", [False, True])
+async def test_a_backfill_stops_once_its_schedule_is_deleted(
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch, again: bool
+) -> None:
+    # It fired every slot of its range for a schedule deleted while it ran: jobs sent for a
+    # schedule that no longer existed, and, created again under its name, runs of another
+    # timing in the new one's ledger.
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec())
+    sends = HeldSends(monkeypatch)
+    backfill = await engine.start_backfill("reap", at("2026-03-02T07:40:00Z"), at("2026-03-02T07:48:00Z"))
+    await sends.entered.wait()  # its first run (07:41) is in flight
+    await engine.delete_schedule("reap")
+    if again:
+        clock.advance(1)  # (its run still in flight)
+        await engine.create_schedule(spec(cron="0 0 1 1 *", payload={"new": True}))
+    sends.go.set()
+    ended = await engine.wait_backfill(backfill.id)
+    await engine.quiesce()
+    assert sends.sent == [("07:41", None)]  # the run in flight finishes; nothing after it
+    assert (ended.state, ended.fired, ended.remaining) == ("cancelled", 1, 7)
+    manual = [r.scheduled_at.strftime("%H:%M") for r in await all_runs(engine, "reap") if r.trigger == "manual"]
+    assert manual == ["07:41"]
+
+
+async def test_a_backfill_fires_its_next_slots_by_the_schedules_definition_now(
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec(payload={"v": 1}))
+    sends = HeldSends(monkeypatch)
+    backfill = await engine.start_backfill("reap", at("2026-03-02T07:40:00Z"), at("2026-03-02T07:43:00Z"))
+    await sends.entered.wait()
+    await engine.update_schedule("reap", {"payload": {"v": 2}})
+    sends.go.set()
+    assert (await engine.wait_backfill(backfill.id)).state == "done"
+    assert sends.sent == [("07:41", {"v": 1}), ("07:42", {"v": 2}), ("07:43", {"v": 2})]
 
 
 @pytest.mark.parametrize("call", ["create", "update"])

@@ -174,6 +174,7 @@ class Backfills:
         audit: AuditLog,
         instance: str,
         new_id: Callable[[], str],
+        schedules: dict[str, Schedule],
     ) -> None:
         self.clock = clock
         self.store = store
@@ -182,6 +183,10 @@ class Backfills:
         self.audit = audit
         self.instance = instance
         self.new_id = new_id
+        self.schedules = schedules
+        """The schedules the engine runs (the catalog adds, replaces and removes stored ones
+        in it): a backfill fires each slot by the definition there then, and stops once its
+        schedule is gone from it."""
         self.jobs: dict[str, _Job] = {}
         self._walking = asyncio.Semaphore(1)
 
@@ -285,6 +290,16 @@ class Backfills:
                     job.progress = dataclasses.replace(job.progress, state="abandoned", finished_at=self.clock.now())
                     await self._end(job)
                     return
+                current = self.schedules.get(schedule.name)
+                if current is None or current.created_at != schedule.created_at:
+                    # Deleted meanwhile (here or on another instance; maybe created again under
+                    # its name: another schedule, whose ledger these slots are not).
+                    log.warning("backfill %s of %s stopped before its slot %s: the schedule was deleted",
+                                job.progress.id, job.progress.name, iso(slot))  # fmt: skip
+                    job.progress = dataclasses.replace(job.progress, state="cancelled", finished_at=self.clock.now())
+                    await self._end(job)
+                    return
+                schedule = current  # (updated meanwhile: its target and payload now)
                 job.progress = dataclasses.replace(job.progress, current=slot)
                 scheduled = self.launcher.launch(schedule, slot, "manual", "manual")
                 job.runs.append(scheduled)

@@ -159,6 +159,7 @@ def build_schedule_parts(
         audit=audit,
         instance=core.instance,
         new_id=core.new_id,
+        schedules=core.schedules,
     )
 
     def is_ours(id_: str) -> bool:
