@@ -213,17 +213,17 @@ async def test_delete_stops_it_and_disable_enable_works(make_engine: Callable[..
 
 
 class HeldSends:
-    """Holds each job a backfill's run sends until the test lets it go, noting its slot and
-    payload: the backfill's run stays in flight meanwhile."""
+    """Holds each job a run of ``trigger`` (a backfill's: ``manual``) sends until the test
+    lets it go, noting its slot and payload: the run stays in flight meanwhile."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, trigger: str = "manual") -> None:
         self.entered = asyncio.Event()
         self.go = asyncio.Event()
         self.sent: list[tuple[str, Any]] = []
         real = QueueTarget.__call__
 
         async def held(target: QueueTarget, ctx: RunContext) -> None:
-            if ctx.trigger == "manual":
+            if ctx.trigger == trigger:
                 self.entered.set()
                 await self.go.wait()
                 self.sent.append((ctx.scheduled_at.strftime("%H:%M"), ctx.payload))
@@ -273,6 +273,32 @@ async def test_a_backfill_fires_its_next_slots_by_the_schedules_definition_now(
     sends.go.set()
     assert (await engine.wait_backfill(backfill.id)).state == "done"
     assert sends.sent == [("07:41", {"v": 1}), ("07:42", {"v": 2}), ("07:43", {"v": 2})]
+
+
+@pytest.mark.parametrize("change", ["update", "delete and create again"])
+async def test_a_slot_queued_behind_a_run_of_the_old_definition_runs_by_the_new_one(
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    # The queue's next slot started with the definition of the run that ended before it: a
+    # slot due after the change sent the old payload (or, after a delete, the deleted
+    # schedule's job).
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec(on_overlap="queue", payload={"v": 1}))
+    sends = HeldSends(monkeypatch, trigger="self")
+    clock.advance(60)
+    await sends.entered.wait()  # 08:01 in flight
+    if change == "update":
+        await engine.update_schedule("reap", {"payload": {"v": 2}})
+    else:
+        await engine.delete_schedule("reap")
+        await engine.create_schedule(spec(on_overlap="queue", payload={"v": 2}))
+    clock.advance(60)
+    await engine.quiesce(runs=False)  # 08:02 queued behind it
+    sends.go.set()
+    await engine.quiesce()
+    assert sends.sent == [("08:01", {"v": 1}), ("08:02", {"v": 2})]
 
 
 @pytest.mark.parametrize("call", ["create", "update"])

@@ -534,11 +534,14 @@ class Launcher:
         self.poke()
 
     def _next_queued(self, schedule: Schedule) -> None:
-        """Start the slot at the head of ``schedule``'s queue, if nothing holds it."""
+        """Start the slot at the head of ``schedule``'s queue, if nothing holds it, by the
+        schedule's definition now: ``schedule`` is the run's that ended, and a stored
+        schedule changed (or deleted and created again) while it ran queued its later slots
+        by the new one."""
         name = schedule.name
         if not self.inflight[name] and self.waiting.get(name) and not self.stopping and name not in self.remote:
             slot, trigger, outcome, run_id = self.waiting[name].popleft()
-            self.launch(schedule, slot, trigger, outcome, run_id)
+            self.launch(self.schedules.get(name, schedule), slot, trigger, outcome, run_id)
 
     def record_closed(
         self,
