@@ -301,6 +301,35 @@ async def test_a_slot_queued_behind_a_run_of_the_old_definition_runs_by_the_new_
     assert sends.sent == [("08:01", {"v": 1}), ("08:02", {"v": 2})]
 
 
+@pytest.mark.parametrize("again", [False, True])
+async def test_a_catch_up_fires_no_slot_of_a_schedule_deleted_while_it_runs(
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch, again: bool
+) -> None:
+    # A start's catch-up (backfill="all") fired every slot of the downtime, one after
+    # another, after the schedule was deleted: its jobs sent for a schedule that was gone.
+    first = make_engine([queue()], instance="one")
+    await first.start()
+    await first.quiesce()
+    await first.create_schedule(spec(backfill="all", payload={"v": 1}))
+    await step(first, clock, 60)
+    await first.stop()
+    clock.advance(300)  # 08:02 to 08:06 missed
+    sends = HeldSends(monkeypatch, trigger="self")
+    engine = make_engine([queue()], instance="two")
+    await engine.start()
+    await sends.entered.wait()  # the catch-up's first run (08:02) in flight
+    await engine.delete_schedule("reap")
+    if again:
+        await engine.create_schedule(spec(cron="0 0 1 1 *", payload={"v": 2}))
+    sends.go.set()
+    await engine.quiesce()
+    assert sends.sent == [("08:02", {"v": 1})]
+    runs = {r.scheduled_at.strftime("%H:%M"): r.status for r in await all_runs(engine, "reap")}
+    # (each slot keeps its row: those not started are recorded missed, as a deleted
+    # schedule's queued firings are)
+    assert runs == {"08:01": "succeeded", "08:02": "succeeded", **dict.fromkeys(["08:03", "08:04", "08:05", "08:06"], "missed")}
+
+
 @pytest.mark.parametrize("call", ["create", "update"])
 async def test_a_create_or_update_deleted_before_its_answer_answers_what_it_wrote(
     make_engine: Callable[..., Engine], clock: ManualClock, call: str

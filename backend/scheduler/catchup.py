@@ -431,6 +431,16 @@ class CatchUp:
                 entries = [(slot, trigger, outcome, ids.get(slot)) for slot in to_fire]
                 launcher.enqueue(schedule, entries, remote)
             for index, slot in enumerate(to_fire if schedule.on_overlap != "queue" else []):
+                current = self.timers.schedules.get(name)
+                if current is None or current.created_at != schedule.created_at:
+                    # Deleted meanwhile (maybe created again under its name: another
+                    # schedule, whose slots these are not): its slots not started yet are
+                    # recorded as a deleted schedule's queued firings are.
+                    why_not = "the schedule was deleted before this caught-up firing started"
+                    for left in to_fire[index:]:
+                        launcher.record_missed(schedule, left, "self", outcome, why_not, ids.get(left))
+                    break
+                schedule = current  # (changed meanwhile: its definition now)
                 # A run in flight here or on another instance (an engine behind usually has
                 # one): the overlap policy decides, as for any timer firing. Otherwise each
                 # slot runs once the one before it has ended.
