@@ -301,12 +301,13 @@ async def test_a_slot_queued_behind_a_run_of_the_old_definition_runs_by_the_new_
     assert sends.sent == [("08:01", {"v": 1}), ("08:02", {"v": 2})]
 
 
-@pytest.mark.parametrize("again", [False, True])
-async def test_a_catch_up_fires_no_slot_of_a_schedule_deleted_while_it_runs(
-    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch, again: bool
+@pytest.mark.parametrize("change", ["delete", "delete and create again", "disable"])
+async def test_a_catch_up_fires_no_slot_of_a_schedule_deleted_or_disabled_while_it_runs(
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
     # A start's catch-up (backfill="all") fired every slot of the downtime, one after
-    # another, after the schedule was deleted: its jobs sent for a schedule that was gone.
+    # another, after the schedule was deleted (its jobs sent for a schedule that was gone)
+    # or disabled (a disabled schedule does not fire).
     first = make_engine([queue()], instance="one")
     await first.start()
     await first.quiesce()
@@ -318,8 +319,11 @@ async def test_a_catch_up_fires_no_slot_of_a_schedule_deleted_while_it_runs(
     engine = make_engine([queue()], instance="two")
     await engine.start()
     await sends.entered.wait()  # the catch-up's first run (08:02) in flight
-    await engine.delete_schedule("reap")
-    if again:
+    if change == "disable":
+        await engine.set_enabled("reap", False)
+    else:
+        await engine.delete_schedule("reap")
+    if change == "delete and create again":
         await engine.create_schedule(spec(cron="0 0 1 1 *", payload={"v": 2}))
     sends.go.set()
     await engine.quiesce()

@@ -432,11 +432,14 @@ class CatchUp:
                 launcher.enqueue(schedule, entries, remote)
             for index, slot in enumerate(to_fire if schedule.on_overlap != "queue" else []):
                 current = self.timers.schedules.get(name)
-                if current is None or current.created_at != schedule.created_at:
+                if current is not None and current.created_at != schedule.created_at:
+                    current = None  # (another schedule of its name)
+                if current is None or not self.states.is_enabled(name):
                     # Deleted meanwhile (maybe created again under its name: another
-                    # schedule, whose slots these are not): its slots not started yet are
-                    # recorded as a deleted schedule's queued firings are.
-                    why_not = "the schedule was deleted before this caught-up firing started"
+                    # schedule, whose slots these are not), or disabled now (it fires
+                    # nothing; paused and enabled again, it goes on): the slots not started
+                    # yet are recorded missed, as a deleted schedule's queued firings are.
+                    why_not = f"the schedule was {'disabled' if current else 'deleted'} before this caught-up firing started"
                     for left in to_fire[index:]:
                         launcher.record_missed(schedule, left, "self", outcome, why_not, ids.get(left))
                     break
