@@ -233,25 +233,32 @@ class HeldSends:
 
 
 @pytest.mark.parametrize("again", [False, True])
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
 async def test_a_backfill_stops_once_its_schedule_is_deleted(
-    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch, again: bool
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch, again: bool, where: str
 ) -> None:
     # It fired every slot of its range for a schedule deleted while it ran: jobs sent for a
     # schedule that no longer existed, and, created again under its name, runs of another
-    # timing in the new one's ledger.
+    # timing in the new one's ledger. ``elsewhere``: the backfill runs on an engine that
+    # only opened (``schedtui backfill``), which follows no change otherwise, and another
+    # process deletes the schedule.
     engine = make_engine([queue()])
     await engine.start()
     await engine.quiesce()
     await engine.create_schedule(spec())
+    backfiller = engine
+    if where == "elsewhere":
+        backfiller = make_engine([queue()], instance="cli")
+        await backfiller.open()
     sends = HeldSends(monkeypatch)
-    backfill = await engine.start_backfill("reap", at("2026-03-02T07:40:00Z"), at("2026-03-02T07:48:00Z"))
+    backfill = await backfiller.start_backfill("reap", at("2026-03-02T07:40:00Z"), at("2026-03-02T07:48:00Z"))
     await sends.entered.wait()  # its first run (07:41) is in flight
     await engine.delete_schedule("reap")
     if again:
         clock.advance(1)  # (its run still in flight)
         await engine.create_schedule(spec(cron="0 0 1 1 *", payload={"new": True}))
     sends.go.set()
-    ended = await engine.wait_backfill(backfill.id)
+    ended = await backfiller.wait_backfill(backfill.id)
     await engine.quiesce()
     assert sends.sent == [("07:41", None)]  # the run in flight finishes; nothing after it
     assert (ended.state, ended.fired, ended.remaining) == ("cancelled", 1, 7)

@@ -161,6 +161,10 @@ class _Job:
     ``running``, which refuses other backfills of the schedule."""
 
 
+async def _nothing() -> None:
+    pass
+
+
 class Backfills:
     """Starts and tracks this process's backfills; reads others' from the store."""
 
@@ -187,6 +191,11 @@ class Backfills:
         """The schedules the engine runs (the catalog adds, replaces and removes stored ones
         in it): a backfill fires each slot by the definition there then, and stops once its
         schedule is gone from it."""
+        self.refresh_catalog: Callable[[], Awaitable[None]] = _nothing
+        """Reads the stored schedules again if another process changed them (the engine's
+        catalog): before each slot of a stored schedule's backfill, so that an engine that
+        only opened (``schedtui backfill``, a console without ``--fire``), which follows no
+        changes otherwise, sees a delete made elsewhere."""
         self.jobs: dict[str, _Job] = {}
         self._walking = asyncio.Semaphore(1)
 
@@ -290,6 +299,9 @@ class Backfills:
                     job.progress = dataclasses.replace(job.progress, state="abandoned", finished_at=self.clock.now())
                     await self._end(job)
                     return
+                if schedule.created_at is not None:  # (a stored schedule)
+                    with contextlib.suppress(Unavailable):  # (read again before the next slot)
+                        await self.refresh_catalog()
                 current = self.schedules.get(schedule.name)
                 if current is None or current.created_at != schedule.created_at:
                     # Deleted meanwhile (here or on another instance; maybe created again under

@@ -369,6 +369,7 @@ class Engine(EngineReads, EngineActions):
             started=lambda: self.started,
         )
         """The schedules created at run time (kept in the store)."""
+        self.backfills.refresh_catalog = self.catalog.refresh
         self.alerts.watch(
             schedules=self.schedules, queues=self.jobs.queues, functions=self.durable.functions,
             state_of=self.states.get, is_enabled=self.states.is_enabled, fleet=self.store.fleet,
