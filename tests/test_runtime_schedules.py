@@ -341,6 +341,31 @@ async def test_a_catch_up_fires_no_slot_of_a_schedule_deleted_or_disabled_while_
     assert runs == {"08:01": "succeeded", "08:02": "succeeded", **dict.fromkeys(["08:03", "08:04", "08:05", "08:06"], "missed")}
 
 
+async def test_a_change_of_timing_while_a_catch_up_runs_fires_no_slot_of_the_new_timing_from_before_it(
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The catch-up, ending, armed the changed schedule from its own last slot: 08:07 of
+    # the new timing, already past when the change was made at 08:07:30, fired.
+    first = make_engine([queue()], instance="one")
+    await first.start()
+    await first.quiesce()
+    await first.create_schedule(spec(cron="*/2 * * * *", backfill="all"))
+    await step(first, clock, 120)
+    await first.stop()
+    clock.set("2026-03-02T08:06:10Z")  # 08:04 and 08:06 missed
+    sends = HeldSends(monkeypatch, trigger="self")
+    engine = make_engine([queue()], instance="two")
+    await engine.start()
+    await sends.entered.wait()  # 08:04 in flight
+    clock.set("2026-03-02T08:07:30Z")
+    await engine.update_schedule("reap", {"cron": "* * * * *"})
+    sends.go.set()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:08:00Z")
+    await engine.quiesce()
+    assert slots(await all_runs(engine, "reap")) == ["08:02", "08:04", "08:06", "08:08"]
+
+
 @pytest.mark.parametrize("call", ["create", "update"])
 async def test_a_create_or_update_deleted_before_its_answer_answers_what_it_wrote(
     make_engine: Callable[..., Engine], clock: ManualClock, call: str

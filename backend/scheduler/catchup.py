@@ -511,7 +511,14 @@ class CatchUp:
             # been changed or deleted meanwhile.
             current = self.timers.schedules.get(name)
             if current is not None:
-                self.timers.arm(current, slots[-1] if slots else self.clock.now())
+                now = self.clock.now()
+                after = slots[-1] if slots else now
+                changed = current.timing_changed_at
+                if changed is not None and changed > after:
+                    # Its cron or zone changed meanwhile: the new timing's slots from before
+                    # the change were never its own (as when an armed schedule is changed).
+                    after = min(changed, now)
+                self.timers.arm(current, after)
 
     async def _unrecorded(self, name: str, slots: list[datetime]) -> list[datetime]:
         """``slots`` without those the ledger already holds a timed run of. Slots recorded
