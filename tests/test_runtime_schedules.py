@@ -366,6 +366,27 @@ async def test_a_change_of_timing_while_a_catch_up_runs_fires_no_slot_of_the_new
     assert slots(await all_runs(engine, "reap")) == ["08:02", "08:04", "08:06", "08:08"]
 
 
+async def test_a_slot_skipped_behind_a_run_of_the_old_definition_names_that_run(
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The run in flight was looked for by its definition: after a change, the skipped slot
+    # said "a run was still in flight", naming none.
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec(payload={"v": 1}))
+    sends = HeldSends(monkeypatch, trigger="self")
+    clock.advance(60)
+    await sends.entered.wait()  # 08:01 in flight
+    await engine.update_schedule("reap", {"payload": {"v": 2}})
+    clock.advance(60)
+    await engine.quiesce(runs=False)
+    sends.go.set()
+    await engine.quiesce()
+    runs = {r.scheduled_at.strftime("%H:%M"): r for r in await all_runs(engine, "reap")}
+    assert (runs["08:02"].status, runs["08:02"].error_message) == ("skipped", f"run {runs['08:01'].id} was still in flight")
+
+
 @pytest.mark.parametrize("call", ["create", "update"])
 async def test_a_create_or_update_deleted_before_its_answer_answers_what_it_wrote(
     make_engine: Callable[..., Engine], clock: ManualClock, call: str

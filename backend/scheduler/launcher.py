@@ -304,7 +304,7 @@ class Launcher:
         queued = schedule.on_overlap == "queue" and (self.waiting[name] or name in self.remote)
         if (self.inflight[name] or remote or queued) and trigger != "manual":
             if schedule.on_overlap == "skip":
-                mine = next((a for a in self.active.values() if a.schedule is schedule), None)
+                mine = next((a for a in self.active.values() if a.schedule.name == name), None)  # (any definition of it)
                 busy = "" if mine is None else mine.run.id
                 if mine is not None and mine.done:
                     busy += f" (recorded {mine.run.error_tag or mine.run.status}; its handler had not returned yet)"
