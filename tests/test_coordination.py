@@ -25,6 +25,7 @@ from backend.scheduler.coordination.slots import ClaimCoordinator
 from backend.store import Store, open_store
 from tests.conftest import all_runs, expect, fail_once
 from tests.test_engine import LostAnswers
+from tests.test_runtime_schedules import HeldSends, queue, spec
 
 UTC = UTC
 
@@ -708,6 +709,58 @@ async def test_lost_slots_wait_for_the_run_in_flight_instead_of_being_skipped(
     assert gate.most == 1
     runs = await all_runs(engine, "job")
     assert sorted((r.scheduled_at.minute, r.status) for r in runs) == [(m, "succeeded") for m in range(1, 5)]
+
+
+@pytest.mark.parametrize("change", ["update", "delete", "disable"])
+async def test_lost_slots_of_a_stored_schedule_changed_while_they_wait_follow_the_change(
+    make_engine: Callable[..., Engine],
+    clock: ManualClock,
+    store_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    change: str,
+) -> None:
+    """The lost slots (backfill="all") wait for the timer's run in flight, then fire one
+    after another. They fired by the definition they were won with: a schedule deleted or
+    disabled meanwhile fired them all the same (jobs sent for a schedule that was gone);
+    and, changed before they were won, they waited for the old definition's run in a busy
+    loop (the run was looked for by definition: a thousand rounds of the loop a second)."""
+    store = Outage(open_store(store_url))
+    engine = make_engine([queue()], coordination="advisoryLock", store=store)
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec(backfill="all", payload={"v": 1}))
+    sends = HeldSends(monkeypatch, trigger="self")
+    rounds: list[str] = []
+    waits = engine.launcher.waits
+
+    def counted(run_id: str | None) -> None:
+        rounds.append(str(run_id))
+        waits(run_id)
+
+    monkeypatch.setattr(engine.launcher, "waits", counted)
+    await outage_until_just_before(clock, at("2026-03-02T08:04:00Z"), [store], engine)  # 08:01-08:03 lost
+    clock.advance(0.5)  # 08:04 starts, and holds
+    await sends.entered.wait()
+    if change == "update":
+        await engine.update_schedule("reap", {"payload": {"v": 2}})
+    clock.advance(0.5)  # housekeeping: the lost slots are won, and wait for 08:04
+    await engine.quiesce(runs=False)
+    if change == "delete":
+        await engine.delete_schedule("reap")
+    elif change == "disable":
+        await engine.set_enabled("reap", False)
+    for _ in range(3):
+        clock.advance(1)
+        await engine.quiesce(runs=False)
+    sends.go.set()
+    await engine.quiesce()
+    if change == "update":
+        assert sends.sent == [("08:04", {"v": 1}), ("08:01", {"v": 2}), ("08:02", {"v": 2}), ("08:03", {"v": 2})]
+        assert len(rounds) < 10, f"the lost slots waited in a busy loop: {len(rounds)} rounds"
+    else:
+        assert sends.sent == [("08:04", {"v": 1})]
+        runs = {r.scheduled_at.minute: r.status for r in await all_runs(engine, "reap")}
+        assert runs == {1: "missed", 2: "missed", 3: "missed", 4: "succeeded"}
 
 
 async def test_queued_lost_slots_go_ahead_of_the_newer_slots_waiting(

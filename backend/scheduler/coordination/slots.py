@@ -582,6 +582,17 @@ class SlotClaims:
                     for late, late_id in slots[index:]:
                         launcher.record_missed(schedule, late, "self", outcome, why, late_id)
                     return
+                current = self.schedules.get(name)
+                if current is not None and current.created_at != schedule.created_at:
+                    current = None  # (another schedule of its name)
+                if current is None or not self.is_enabled(name):
+                    # Deleted or disabled while its slots waited: a deleted schedule's queued
+                    # firings are recorded missed, and a disabled one fires nothing.
+                    why = f"not fired: the schedule was {'disabled' if current else 'deleted'} before this lost slot started"
+                    for late, late_id in slots[index:]:
+                        launcher.record_missed(schedule, late, "self", outcome, why, late_id)
+                    return
+                schedule = current  # (changed meanwhile: its definition now)
                 run = launcher.launch(schedule, slot, "self", outcome, run_id)
                 with launcher.missed_on_stop(schedule, slots[index + 1 :], outcome):
                     await asyncio.shield(run.finished())
@@ -613,7 +624,7 @@ class SlotClaims:
             while launcher.inflight[name]:
                 # (gone, not finished: a run recorded timeout whose handler runs on keeps its
                 # place, and waiting for its finish spun the loop until the handler returned)
-                mine = [r.gone() for r in launcher.active.values() if r.schedule is schedule]
+                mine = [r.gone() for r in launcher.active.values() if r.schedule.name == name]  # (any definition of it)
                 await (asyncio.wait(mine) if mine else asyncio.sleep(0))  # sleep(0): not started yet
                 launcher.waits(run_id)
             if run_id in launcher.turns:
