@@ -471,6 +471,10 @@ async def test_refusals_name_the_value(make_engine: Callable[..., Engine], clock
             await engine.create_schedule(bad)
         assert caught.value.field == field, (bad, caught.value)
     assert "nowhere" in str(await _refusal(engine, spec(queue="nowhere")))
+    # A bad expression is said in the zone given (it said tz="UTC", whatever the zone).
+    never = await _refusal(engine, {**spec(cron="0 0 31 2 *"), "timezone": "Australia/Lord_Howe"})
+    assert never.field == "cron" and 'never fires' in str(never), never
+    assert '(tz="Australia/Lord_Howe")' in str(never) and "UTC" not in str(never), never
     with pytest.raises(NameTaken):
         await engine.create_schedule(spec(name="coded"))
     with pytest.raises(DefinedInCode):

@@ -230,7 +230,7 @@ def _define(spec: Mapping[str, Any]) -> Schedule:
     try:
         Cron(spec["cron"], "UTC")
     except CronError as exc:
-        raise BadInput(f"cron {spec['cron']!r}: {_plain(exc.message)}", field="cron") from None
+        raise BadInput(f"cron {spec['cron']!r}: {_plain(_in_zone_given(exc, spec))}", field="cron") from None
     try:
         Cron(spec["cron"], spec["timezone"])
     except CronError as exc:
@@ -272,6 +272,21 @@ def _define(spec: Mapping[str, Any]) -> Schedule:
     # Its payload checked above (a row an earlier release stored deeper than a new one may
     # nest runs as it did), not by define_schedule's bounds for code.
     return replace(defined, payload=spec.get("payload"))
+
+
+def _in_zone_given(refusal: CronError, spec: Mapping[str, Any]) -> str:
+    """The message of an expression refused in UTC (whatever the zone: the field at fault is
+    the cron) as it reads in the zone given, when that is a zone: it said tz="UTC" to someone
+    who gave Australia/Lord_Howe."""
+    try:
+        Cron("* * * * *", spec["timezone"])
+    except CronError:
+        return refusal.message  # (the zone is refused too: said once the cron is right)
+    try:
+        Cron(spec["cron"], spec["timezone"])
+    except CronError as given:
+        return given.message
+    return refusal.message  # pragma: no cover - a cron refused in UTC is refused in every zone
 
 
 def _plain(message: str) -> str:
