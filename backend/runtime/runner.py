@@ -44,6 +44,7 @@ import os
 import queue
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -357,6 +358,20 @@ async def _awaited_in(awaitable: Any, context: contextvars.Context) -> Any:
     return await _InContext(steps, context, first)
 
 
+#: The runners opened in this process: a child forked from it marks each (``forked``), so
+#: that a handler's child is told apart from its parent without a system call a call.
+_OPEN_RUNNERS: weakref.WeakSet[HandlerRunner] = weakref.WeakSet()
+
+
+def _mark_forked() -> None:
+    for runner in list(_OPEN_RUNNERS):
+        runner.forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_mark_forked)
+
+
 class HandlerRunner:
     """Starts invocations and watches their deadlines (one watchdog loop for all).
 
@@ -395,6 +410,8 @@ class HandlerRunner:
         """Keeps what handlers log and print (per-run logs), unless capturing is off."""
         self.pid = os.getpid()
         """The process whose engine calls the handlers (see :meth:`_end_forked_child`)."""
+        self.forked = False
+        """Set in a child forked since :meth:`open` (see :data:`_OPEN_RUNNERS`)."""
 
     @property
     def abandoned(self) -> int:
@@ -402,7 +419,8 @@ class HandlerRunner:
         return sum(1 for invocation in self.lingering if invocation.thread is not None)
 
     def open(self) -> None:
-        self.pid = os.getpid()
+        self.pid, self.forked = os.getpid(), False
+        _OPEN_RUNNERS.add(self)
         self._wake = asyncio.Event()
         self.loops.expect("watchdog")  # busy until it first parks
         self.loops.keep(self._watchdog, "watchdog")
@@ -688,7 +706,7 @@ class HandlerRunner:
         closed, it took the parent's self-pipe out of it, and ``serve`` was deaf to SIGTERM
         (and to wake-ups from other threads) for good. A sync handler's child runs no loop:
         it waited on its pool thread for a minute, holding what it inherited, then ended."""
-        if os.getpid() == self.pid:
+        if not self.forked:  # (a flag, not os.getpid(): a system call at every call)
             return
         with contextlib.suppress(BaseException):
             for stream in (sys.stdout, sys.stderr):
